@@ -1,0 +1,46 @@
+"""Shared test set-up: no network, GPU marks, and the executed book pages."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import nbformat
+import pytest
+
+# No test may need the network: Fashion-MNIST is always the synthetic set here,
+# written under a data root of the test run's own.
+os.environ["DLPERF_DATA"] = "synthetic"
+os.environ.setdefault("DLPERF_DATA_DIR", str(Path(__file__).resolve().parent.parent
+                                              / "_build" / "test-data"))
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def pytest_collection_modifyitems(config, items):
+    import torch
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU; none on this machine")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def built_book():
+    """Build the real book once per test session (as `make book` does) and return the result."""
+    from dlperf import book
+    result = book.build(echo=False)
+    assert result.ok, (f"book build failed (exit {result.returncode})\n"
+                       f"{result.log[-6000:]}\n{result.reports()}")
+    return result
+
+
+@pytest.fixture(scope="session")
+def executed_page(built_book):
+    """``executed_page('chapters/hybridize')``: that page as the book build executed it."""
+    def load(name: str) -> nbformat.NotebookNode:
+        path = ROOT / "_build" / "jupyter_execute" / f"{name}.ipynb"
+        assert path.exists(), f"{path} was not produced by the book build; is {name} in _toc.yml?"
+        return nbformat.read(path, as_version=4)
+    return load
