@@ -11,7 +11,7 @@ import platform
 import torch
 
 from .data import LABELS, fashion_mnist, load_fashion_mnist
-from .devices import describe, device, devices, gpu_count, synchronize
+from .accelerators import describe, device, devices, gpu_count, synchronize
 from .plotting import bar_chart, plot_lines, plot_timeline, use_book_style
 from .profile import RunProfile, run_profile
 from .timing import Benchmark, compare, time_it, timing_table

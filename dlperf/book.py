@@ -54,12 +54,13 @@ def build(root: Path = ROOT, echo: bool = True, env: Optional[dict] = None) -> B
             print(line, end="", flush=True)
     process.wait()
     log = "".join(lines)
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", log)  # without the terminal colours
     return BuildResult(
         returncode=process.returncode,
         seconds=time.perf_counter() - start,
-        log=log,
-        executed=re.findall(r"Executing notebook using local CWD \[mystnb\]: '?([^'\n]+)", log),
-        cached=re.findall(r"Using cached notebook: ID=\d+ \[mystnb\]: '?([^'\n]+)", log),
+        log=plain,
+        executed=re.findall(r"^(\S+): Executing notebook", plain, re.M),
+        cached=re.findall(r"^(\S+): Using cached notebook", plain, re.M),
         html=Path(root) / "_build" / "html",
     )
 

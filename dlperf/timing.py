@@ -14,7 +14,7 @@ from typing import Callable, Dict, List, Optional
 import pandas as pd
 import torch
 
-from .devices import synchronize
+from .accelerators import synchronize
 
 
 class Benchmark:

@@ -1,0 +1,67 @@
+import pytest
+
+import dlperf.timing as timing
+from dlperf.timing import Benchmark, compare, time_it, timing_table
+
+
+class FakeClock:
+    def __init__(self, *readings):
+        self.readings = list(readings)
+
+    def __call__(self):
+        return self.readings.pop(0)
+
+
+def test_benchmark_prints_description_and_seconds(capsys):
+    with Benchmark("matmul", clock=FakeClock(10.0, 10.25)) as bench:
+        pass
+    assert bench.elapsed == pytest.approx(0.25)
+    assert capsys.readouterr().out == "matmul: 0.2500 sec\n"
+
+
+def test_benchmark_default_description(capsys):
+    with Benchmark(clock=FakeClock(0.0, 1.0)):
+        pass
+    assert capsys.readouterr().out.startswith("Done: 1.0000 sec")
+
+
+def test_benchmark_lets_exceptions_through_and_still_measures(capsys):
+    bench = Benchmark(clock=FakeClock(0.0, 2.0))
+    with pytest.raises(KeyError):
+        with bench:
+            raise KeyError("inside")
+    assert bench.elapsed == pytest.approx(2.0)
+
+
+def test_benchmark_waits_for_the_device_before_reading_the_clock(monkeypatch):
+    events = []
+    monkeypatch.setattr(timing, "synchronize", lambda device=None: events.append("sync"))
+    clock = lambda: events.append("clock") or 0.0  # noqa: E731
+    with Benchmark(clock=clock):
+        events.append("work")
+    assert events == ["sync", "clock", "work", "sync", "clock"]
+
+
+def test_time_it_warms_up_then_times_each_repeat():
+    calls = []
+    times = time_it(lambda: calls.append(1), repeat=4, warmup=2)
+    assert len(calls) == 6 and len(times) == 4
+    assert all(t >= 0 for t in times)
+    with pytest.raises(ValueError):
+        time_it(lambda: None, repeat=0)
+
+
+def test_timing_table_reports_medians_and_speedup_against_the_first():
+    table = timing_table({"slow": [0.004, 0.002, 0.003], "fast": [0.001, 0.0015, 0.001]})
+    assert list(table.index) == ["slow", "fast"]
+    assert table.loc["slow", "median (ms)"] == pytest.approx(3.0)
+    assert table.loc["fast", "median (ms)"] == pytest.approx(1.0)
+    assert table.loc["fast", "speedup"] == pytest.approx(3.0)
+    assert table.loc["slow", "runs"] == 3
+
+
+def test_compare_times_every_candidate():
+    table = compare({"a": lambda: sum(range(100)), "b": lambda: None}, repeat=2, warmup=0)
+    assert list(table.index) == ["a", "b"] and (table["runs"] == 2).all()
+    with pytest.raises(ValueError):
+        compare({})
