@@ -1,0 +1,168 @@
+"""Command line: ``python -m autograder grade ...`` and ``python -m autograder check ...``."""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+from typing import List, Optional
+
+from .execute import Limits
+
+DEFAULT_TIMEOUT = 900.0       # seconds per notebook
+DEFAULT_CELL_TIMEOUT = 300.0  # seconds per cell (never more than the notebook's)
+
+
+def available_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def _positive(kind):
+    def parse(text: str):
+        value = kind(text)
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+        return value
+    return parse
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(
+        prog="python -m autograder",
+        description="Grade nbgrader submissions with papermill, or check your own notebook.")
+    commands = top.add_subparsers(dest="command", required=True)
+
+    grade = commands.add_parser(
+        "grade", help="grade a folder of submissions (nbgrader's submitted/ layout)",
+        description="Grade SUBMITTED/<student_id>/<assignment>/<notebook>.ipynb against the "
+                    "instructor's notebooks; write OUT/grades.csv and per-submission results.")
+    grade.add_argument("submitted", type=Path, metavar="SUBMITTED")
+    grade.add_argument("--assignment", required=True, metavar="NAME")
+    grade.add_argument("--out", required=True, type=Path, metavar="OUT")
+    grade.add_argument("--jobs", type=_positive(int), default=available_cores(), metavar="N",
+                       help="submissions graded at once, each in its own kernel "
+                            "(default: the number of cores, %(default)s here)")
+    grade.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                       help="auto uses CUDA when PyTorch sees a GPU; GPU-only tests (grade_id "
+                            "ending in _gpu) are skipped on the CPU")
+    grade.add_argument("--timeout", type=_positive(float), default=DEFAULT_TIMEOUT,
+                       metavar="SECONDS", help="time limit per notebook (default %(default)g)")
+    grade.add_argument("--cell-timeout", type=_positive(float), default=DEFAULT_CELL_TIMEOUT,
+                       metavar="SECONDS", help="time limit per cell (default %(default)g)")
+    grade.add_argument("--gradebook", nargs="?", const="sqlite:///gradebook.db", default=None,
+                       metavar="DB_URL", help="also store the scores in nbgrader's gradebook "
+                       "(default when given without a value: sqlite:///gradebook.db)")
+    grade.add_argument("--course", type=Path, default=Path("."), metavar="DIR",
+                       help="the nbgrader course directory with the instructor's notebooks "
+                            "(default: the current directory)")
+    grade.add_argument("--profile", choices=("auto", "quick", "full"), default="auto",
+                       help="run profile for the notebooks (auto: full on CUDA, else quick)")
+    grade.add_argument("--kernel", choices=("fork", "fresh"), default="fork",
+                       help="fork kernels from a process with the imports done (default) or "
+                            "start each as a new interpreter")
+    grade.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    check = commands.add_parser(
+        "check", help="run the visible tests of your notebook and show which pass",
+        description="Run the visible tests of NOTEBOOK and print which pass, with the points.")
+    check.add_argument("notebook", type=Path, metavar="NOTEBOOK")
+    check.add_argument("--source", type=Path, default=None, metavar="RELEASED",
+                       help="the released notebook to take the tests from (default: NOTEBOOK)")
+    check.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    check.add_argument("--profile", choices=("quick", "full"), default="quick")
+    check.add_argument("--timeout", type=_positive(float), default=DEFAULT_TIMEOUT,
+                       metavar="SECONDS", help="time limit for the notebook")
+    return top
+
+
+def _quiet_libraries() -> None:
+    # papermill/nbclient log every cell timeout at ERROR; the results say it better.
+    for name in ("papermill", "traitlets", "nbclient"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
+def run_grade(args: argparse.Namespace) -> int:
+    from .grade import GradeOptions, grade_all, resolve_device
+    from .layout import Course, find_submissions
+    from .report import status_counts, summary, write_grades_csv, write_submission
+
+    try:
+        course = Course.discover(args.course)
+        sources = course.source_notebooks(args.assignment)
+        submissions = find_submissions(args.submitted, args.assignment, notebooks=list(sources))
+    except FileNotFoundError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    device = resolve_device(args.device)
+    profile = args.profile if args.profile != "auto" else ("full" if device == "cuda" else "quick")
+    limits = Limits(cell=min(args.cell_timeout, args.timeout), notebook=args.timeout)
+    threads = max(1, available_cores() // args.jobs)
+    options = GradeOptions(device=device, profile=profile, limits=limits, threads=threads)
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"Grading {len(submissions)} notebook(s) of {args.assignment!r} from {args.submitted} "
+          f"on {device} (profile {profile}, {args.jobs} job(s), {args.kernel} kernels); "
+          f"references from {course.assignment_path(args.assignment)}", flush=True)
+
+    writer = None
+    if args.gradebook:
+        from .gradebook import GradebookWriter
+        writer = GradebookWriter(args.gradebook, course_id=course.course_id)
+        writer.register_assignment(args.assignment, sources)
+
+    from tqdm import tqdm
+    bar = tqdm(total=len(submissions), unit="nb", desc="Grading", file=sys.stderr,
+               disable=args.no_progress or None, dynamic_ncols=True)
+    done = []
+
+    def on_result(result) -> None:
+        write_submission(result, out)
+        if writer is not None:
+            writer.record(result)
+        done.append(result)
+        counts = status_counts(done)
+        bar.set_postfix({k: v for k, v in counts.items() if v}, refresh=False)
+        bar.update(1)
+
+    start = time.perf_counter()
+    try:
+        results = grade_all(submissions, sources, options, jobs=args.jobs, kernel=args.kernel,
+                            on_result=on_result)
+    finally:
+        bar.close()
+        if writer is not None:
+            writer.close()
+    seconds = time.perf_counter() - start
+    csv_path = write_grades_csv(results, out / "grades.csv")
+    print(summary(results, seconds, args.jobs))
+    print(f"Wrote {csv_path} and {len(results)} result file(s) under {out}"
+          + (f"; scores stored in {writer.url}" if writer is not None else ""))
+    return 0 if len(results) == len(submissions) else 1
+
+
+def run_check(args: argparse.Namespace) -> int:
+    from .check import check, render
+    from .grade import resolve_device
+    try:
+        report = check(args.notebook, source=args.source, device=resolve_device(args.device),
+                       profile=args.profile,
+                       limits=Limits(cell=min(DEFAULT_CELL_TIMEOUT, args.timeout),
+                                     notebook=args.timeout))
+    except ValueError as error:
+        print(f"error: {args.notebook}: {error}", file=sys.stderr)
+        return 2
+    print(render(report))
+    return 0 if report.all_passed else 1
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = parser().parse_args(argv)
+    _quiet_libraries()
+    if args.command == "grade":
+        return run_grade(args)
+    return run_check(args)

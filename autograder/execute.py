@@ -1,0 +1,131 @@
+"""Run one rebuilt notebook through papermill, in its own kernel and working directory.
+
+Three things make this differ from a plain ``papermill.execute_notebook``:
+
+* every cell runs even after an earlier one raised (``allow_errors``), so each test
+  cell is judged on its own: a learner's unfinished exercise 2 must not cost the
+  points of exercise 3;
+* a cell that runs past the per-cell limit is interrupted (KeyboardInterrupt in the
+  kernel) and recorded as a ``CellTimeoutError`` output; the run goes on with the
+  next cell;
+* a watchdog kills the kernel's whole process group when the per-notebook limit is
+  reached; the cells not reached yet keep no outputs, and the judge reports them as
+  not run.
+
+The notebook object is executed in memory and returned whatever happened; nothing is
+written next to the learner's files, so the test code (hidden tests included) never
+lands in the kernel's working directory.
+"""
+from __future__ import annotations
+
+import copy
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, Optional
+
+import nbformat
+
+from .kernels import ForkServer, KernelLaunch, manager_class
+
+KERNEL_NAME = "python3"
+TIMEOUT_ENAME = "CellTimeoutError"
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Time limits in seconds: per cell (interrupt, go on) and per notebook (kill, stop)."""
+    cell: float = 120.0
+    notebook: float = 900.0
+
+    def __post_init__(self):
+        if self.cell <= 0 or self.notebook <= 0:
+            raise ValueError(f"time limits must be positive, got {self}")
+
+
+@dataclass
+class Execution:
+    """What running one notebook gave: the executed notebook and how the run ended."""
+    notebook: nbformat.NotebookNode
+    seconds: float
+    ended: str     # "completed", "notebook-timeout", "kernel-died" or "failed-to-start"
+    message: str   # one line for the grades table; empty when completed
+
+    @property
+    def completed(self) -> bool:
+        return self.ended == "completed"
+
+
+def _prepare_for_papermill(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """The metadata papermill's own loader would add (it reads files; we pass a node)."""
+    nb = nbformat.v4.upgrade(nb) or nb
+    nb.metadata.setdefault("papermill", {"default_parameters": {}, "parameters": {},
+                                         "environment_variables": {}})
+    for cell in nb.cells:
+        cell.metadata.setdefault("tags", [])
+        cell.metadata.setdefault("papermill", {})
+    return nb
+
+
+def execute(nb: nbformat.NotebookNode, workdir: Path, *, parameters: Dict[str, object],
+            limits: Limits = Limits(), env: Optional[Dict[str, str]] = None,
+            fork_server: Optional[ForkServer] = None, threads: Optional[int] = None,
+            log: Optional[Path] = None) -> Execution:
+    """Execute ``nb`` with papermill in a new kernel whose working directory is ``workdir``.
+
+    ``parameters`` go into the notebook the papermill way (an ``injected-parameters``
+    cell after the cell tagged ``parameters``); ``env`` is added to the kernel's
+    environment; ``fork_server`` (optional) forks the kernel instead of launching a new
+    interpreter; ``threads`` caps PyTorch/OpenMP threads in the kernel.
+    """
+    from nbclient.exceptions import DeadKernelError
+    from papermill.engines import papermill_engines
+    from papermill.parameterize import parameterize_notebook
+
+    nb = _prepare_for_papermill(copy.deepcopy(nb))
+    nb = parameterize_notebook(nb, parameters, kernel_name=KERNEL_NAME, language="python",
+                               comment="Parameters injected by the autograder")
+    launch = KernelLaunch(cwd=Path(workdir), env=dict(env or {}), fork_server=fork_server,
+                          threads=threads, log=str(log) if log else None)
+    watchdog = threading.Timer(limits.notebook, launch.kill)
+    watchdog.daemon = True
+    start = time.perf_counter()
+    ended, message = "completed", ""
+    watchdog.start()
+    try:
+        papermill_engines.execute_notebook_with_engine(
+            None, nb, kernel_name=KERNEL_NAME, input_path=None, output_path=None,
+            progress_bar=False, log_output=False, start_timeout=60,
+            execution_timeout=limits.cell, autosave_cell_every=0,
+            kernel_manager_class=manager_class(launch),
+            allow_errors=True, interrupt_on_timeout=True,
+            error_on_timeout={
+                "ename": TIMEOUT_ENAME,
+                "evalue": f"the cell ran longer than the {limits.cell:g} s limit and was interrupted",
+                "traceback": [],
+            },
+            shutdown_kernel="immediate",
+        )
+    except DeadKernelError as error:
+        ended, message = "kernel-died", f"the kernel died ({error})"
+    except Exception as error:  # nbclient/jupyter_client errors: start-up failures, timeouts
+        if launch.manager is None or not getattr(launch.manager, "has_kernel", True):
+            ended = "failed-to-start"
+        else:
+            ended = "kernel-died"
+        message = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
+    finally:
+        watchdog.cancel()
+        launch.stop()  # in case nbclient could not shut the kernel down
+    seconds = time.perf_counter() - start
+    if launch.killed:
+        ended = "notebook-timeout"
+        message = f"the notebook ran longer than the {limits.notebook:g} s limit and was stopped"
+    if ended == "kernel-died" and log and Path(log).exists():
+        tail = [line for line in Path(log).read_text(errors="replace").splitlines() if line.strip()]
+        if tail:
+            message += f"; kernel stderr: {tail[-1][:200]}"
+    logging.getLogger(__name__).debug("executed in %.2f s: %s %s", seconds, ended, message)
+    return Execution(notebook=nb, seconds=seconds, ended=ended, message=message)

@@ -1,0 +1,254 @@
+"""Grade submissions: one submission in, one :class:`SubmissionResult` out.
+
+:func:`grade_submission` is the whole pipeline for one notebook -- read it, rebuild it
+on the instructor's reference (:mod:`.rebuild`), run it in a private working directory
+(:mod:`.execute`), judge each test (:mod:`.judge`) -- and returns a plain result object
+without writing anything outside its temporary directory; reporting and the gradebook
+are the caller's. :func:`grade_all` runs it for many submissions, ``jobs`` at a time,
+each in its own kernel process.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Dict, Iterable, List, Optional
+
+import nbformat
+
+from .execute import TIMEOUT_ENAME, Execution, Limits, execute
+from .judge import FAILED, MANUAL, NOT_RUN, PARTIAL, PASSED, SKIPPED, TestResult, judge
+from .kernels import ForkServer, fork_supported, importable, imported_modules
+from .layout import SourceNotebook, Submission, read_submission
+from .rebuild import Rebuilt, rebuild
+
+GRADED, TIMEOUT, ERROR, INVALID = "graded", "timeout", "error", "invalid"
+STATUSES = (GRADED, TIMEOUT, ERROR, INVALID)
+
+
+@dataclass(frozen=True)
+class GradeOptions:
+    device: str = "cpu"             # "cpu" or "cuda" (resolve "auto" first: resolve_device)
+    profile: str = "quick"          # the run profile the notebooks are run in
+    limits: Limits = Limits()
+    threads: Optional[int] = None   # CPU threads per kernel (PyTorch, OpenMP)
+    keep_workdirs: bool = False     # leave the working directories for inspection
+
+
+@dataclass
+class SubmissionResult:
+    """Everything known about one graded (or ungradable) submission."""
+    submission: Submission
+    status: str                      # graded, timeout, error or invalid
+    message: str                     # one line: why, and what happened
+    tests: List[TestResult] = field(default_factory=list)
+    seconds: float = 0.0
+    device: str = "cpu"
+    executed: Optional[nbformat.NotebookNode] = None
+    answered: Dict[str, bool] = field(default_factory=dict)
+
+    @property
+    def score(self) -> float:
+        return round(sum(t.score for t in self.tests if t.counts), 6)
+
+    @property
+    def max_score(self) -> float:
+        """Points at stake in this run (skipped GPU tests and manual cells excluded)."""
+        return round(sum(t.max_score for t in self.tests if t.counts), 6)
+
+    def count(self, *outcomes: str) -> int:
+        return sum(t.outcome in outcomes for t in self.tests)
+
+
+def resolve_device(requested: str = "auto") -> str:
+    """``auto`` -> ``cuda`` when PyTorch sees a CUDA GPU, else ``cpu``."""
+    if requested in ("cpu", "cuda"):
+        return requested
+    if requested != "auto":
+        raise ValueError(f"device must be auto, cpu or cuda, got {requested!r}")
+    try:
+        import torch
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    except ImportError:
+        return "cpu"
+
+
+def planned_tests(source: SourceNotebook, device: str) -> Rebuilt:
+    """The tests of ``source`` as a submission would get them (for max scores, preloads)."""
+    return rebuild(source.graded_view, source.graded_view, device=device)
+
+
+def _copy_tree(src: Path, dst: Path) -> None:
+    """Copy regular files and folders only: no symlinks or devices out of a submission."""
+    for entry in os.scandir(src):
+        if entry.name.startswith(".ipynb_checkpoints"):
+            continue
+        info = entry.stat(follow_symlinks=False)
+        target = dst / entry.name
+        if stat.S_ISDIR(info.st_mode):
+            target.mkdir(exist_ok=True)
+            _copy_tree(Path(entry.path), target)
+        elif stat.S_ISREG(info.st_mode):
+            shutil.copyfile(entry.path, target)
+
+
+def prepare_workdir(submission: Submission, source: SourceNotebook) -> Path:
+    """A fresh directory with the learner's files and the assignment's support files.
+
+    As nbgrader does, the instructor's non-notebook files (data, helper modules) replace
+    the learner's copies. No notebook of the instructor's is ever put there.
+    """
+    workdir = Path(tempfile.mkdtemp(prefix="autograder-"))
+    if submission.folder.is_dir():
+        _copy_tree(submission.folder, workdir)
+    for notebook in workdir.glob("*.ipynb"):
+        notebook.unlink()  # the kernel runs the rebuilt notebook from memory, not files
+    base = source.path.parent
+    for path in source.support_files():
+        target = workdir / path.relative_to(base)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, target)
+    return workdir
+
+
+def _timed_out_cells(nb: nbformat.NotebookNode) -> int:
+    return sum(any(o.get("output_type") == "error" and o.get("ename") == TIMEOUT_ENAME
+                   for o in cell.get("outputs", []))
+               for cell in nb.cells if cell.get("cell_type") == "code")
+
+
+def _summary(result: SubmissionResult, execution: Optional[Execution], notes: List[str]) -> str:
+    parts = []
+    if execution is not None and not execution.completed:
+        parts.append(execution.message)
+    elif execution is not None and _timed_out_cells(execution.notebook):
+        parts.append(f"{_timed_out_cells(execution.notebook)} cell(s) ran past the "
+                     "per-cell time limit and were interrupted")
+    autograded = [t for t in result.tests if t.counts]
+    passed = result.count(PASSED)
+    parts.append(f"{result.score:g}/{result.max_score:g} points, {passed} of {len(autograded)} "
+                 "tests passed")
+    if result.count(PARTIAL):
+        parts.append(f"{result.count(PARTIAL)} with partial credit")
+    if result.count(NOT_RUN):
+        parts.append(f"{result.count(NOT_RUN)} not run")
+    skipped = [t for t in result.tests if t.outcome == SKIPPED]
+    if skipped:
+        parts.append(f"{len(skipped)} GPU-only test(s) worth {sum(t.max_score for t in skipped):g} "
+                     "points skipped on the CPU")
+    manual = [t for t in result.tests if t.outcome == MANUAL]
+    if manual:
+        parts.append(f"{sum(t.max_score for t in manual):g} points left to grade by hand")
+    parts.extend(notes)
+    return "; ".join(parts)
+
+
+def grade_submission(submission: Submission, source: Optional[SourceNotebook],
+                     options: GradeOptions = GradeOptions(),
+                     fork_server: Optional[ForkServer] = None) -> SubmissionResult:
+    """Grade one submission (a pure function but for its temporary working directory)."""
+    start = time.perf_counter()
+
+    def finish(result: SubmissionResult) -> SubmissionResult:
+        result.seconds = round(time.perf_counter() - start, 3)
+        return result
+
+    def invalid(reason: str, tests: List[TestResult]) -> SubmissionResult:
+        result = SubmissionResult(submission, INVALID, "", tests=tests, device=options.device)
+        result.message = f"{reason}; {result.score:g}/{result.max_score:g} points"
+        return finish(result)
+
+    if source is None:
+        return invalid(f"no notebook {submission.notebook!r} in assignment "
+                       f"{submission.assignment!r}", [])
+    plan = planned_tests(source, options.device)
+    zero = [TestResult(t.grade_id, t.points, 0.0, SKIPPED if t.skipped else FAILED,
+                       "Not graded: the submission could not be read.", t.hidden)
+            for t in plan.tests]
+    try:
+        submitted = read_submission(submission.path)
+        rebuilt = rebuild(source.graded_view, submitted, device=options.device,
+                          profile=options.profile)
+    except ValueError as error:
+        return invalid(str(error), zero)
+
+    workdir = prepare_workdir(submission, source)
+    log = Path(tempfile.mkstemp(prefix="autograder-kernel-", suffix=".log")[1])
+    try:
+        env = {"DLPERF_PROFILE": options.profile, "NBGRADER_EXECUTION": "autograde"}
+        if options.device == "cpu":
+            env["CUDA_VISIBLE_DEVICES"] = ""
+        execution = execute(rebuilt.notebook, workdir,
+                            parameters={"autograder_device": options.device,
+                                        "autograder_profile": options.profile},
+                            limits=options.limits, env=env, fork_server=fork_server,
+                            threads=options.threads, log=log)
+    finally:
+        log.unlink(missing_ok=True)
+        if not options.keep_workdirs:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+    tests = judge(execution.notebook, rebuilt.tests, rebuilt.manual, stopped=execution.message)
+    if execution.ended == "notebook-timeout" or _timed_out_cells(execution.notebook):
+        status = TIMEOUT
+    elif not execution.completed:
+        status = ERROR
+    else:
+        status = GRADED
+    result = SubmissionResult(submission, status, "", tests=tests, device=options.device,
+                              executed=execution.notebook, answered=rebuilt.answered)
+    result.message = _summary(result, execution, rebuilt.notes)
+    return finish(result)
+
+
+def preload_for(sources: Iterable[SourceNotebook]) -> List[str]:
+    """Modules the instructor's notebooks import (read-only and test cells, stubs)."""
+    code = [cell.source for source in sources for cell in source.graded_view.cells
+            if cell.cell_type == "code"]
+    return importable(imported_modules(code))
+
+
+def grade_all(submissions: List[Submission], sources: Dict[str, SourceNotebook],
+              options: GradeOptions = GradeOptions(), jobs: int = 1, kernel: str = "fork",
+              on_result: Optional[Callable[[SubmissionResult], None]] = None
+              ) -> List[SubmissionResult]:
+    """Grade every submission, ``jobs`` at a time; ``on_result`` sees each as it finishes.
+
+    ``kernel="fork"`` starts kernels from a fork server that has already imported what
+    the instructor's notebooks import (see :mod:`.kernels`); ``"fresh"`` starts each
+    kernel as a new interpreter. Either way each submission runs in its own process.
+    Results come back in the order of ``submissions``.
+    """
+    if kernel not in ("fork", "fresh"):
+        raise ValueError(f"kernel must be 'fork' or 'fresh', got {kernel!r}")
+    jobs = max(1, int(jobs))
+    server = None
+    if kernel == "fork" and fork_supported() and submissions:
+        server = ForkServer(preload_for(sources.values()))
+    results: Dict[int, SubmissionResult] = {}
+    try:
+        with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="grade") as pool:
+            futures = {pool.submit(grade_submission, sub, sources.get(sub.notebook), options,
+                                   server): index
+                       for index, sub in enumerate(submissions)}
+            for future in as_completed(futures):
+                index = futures[future]
+                try:
+                    result = future.result()
+                except Exception as error:  # a grader bug must still give the student a row
+                    sub = submissions[index]
+                    result = SubmissionResult(sub, ERROR, f"the grader failed: "
+                                              f"{type(error).__name__}: {error}",
+                                              device=options.device)
+                results[index] = result
+                if on_result is not None:
+                    on_result(result)
+    finally:
+        if server is not None:
+            server.close()
+    return [results[i] for i in range(len(submissions))]

@@ -1,0 +1,172 @@
+"""Where things are: the submissions to grade and the instructor's notebooks they answer.
+
+Submissions follow nbgrader's layout, ``SUBMITTED/<student_id>/<assignment>/<notebook>.ipynb``
+(an optional ``timestamp.txt`` beside the notebooks says when it was submitted). The
+reference for every notebook is the instructor's version in the course's *source*
+directory (``solutions/`` here, or whatever ``nbgrader_config.py`` names), read through
+:meth:`SourceNotebook.graded_view`: the notebook exactly as nbgrader records it in the
+gradebook, with the solutions replaced by the released stubs but the hidden tests kept.
+Nothing in the grader ever sends the raw solutions to a learner's kernel.
+"""
+from __future__ import annotations
+
+import copy
+import functools
+import re
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import nbformat
+
+DEFAULT_SOURCE_DIRECTORY = "solutions"
+IGNORED = re.compile(r"^(\.|__pycache__$)")  # .ipynb_checkpoints, .DS_Store, caches
+
+
+@dataclass(frozen=True)
+class Submission:
+    """One learner's notebook of one assignment (the file may be missing or broken)."""
+    student_id: str
+    assignment: str
+    notebook: str          # the notebook's name without .ipynb, as nbgrader names it
+    path: Path             # SUBMITTED/<student_id>/<assignment>/<notebook>.ipynb
+
+    @property
+    def folder(self) -> Path:
+        return self.path.parent
+
+    @property
+    def key(self) -> str:
+        return f"{self.student_id}/{self.assignment}/{self.notebook}"
+
+    def timestamp(self) -> Optional[datetime]:
+        """The submission time from nbgrader's ``timestamp.txt``, if there is one."""
+        stamp = self.folder / "timestamp.txt"
+        if not stamp.is_file():
+            return None
+        try:
+            from nbgrader.utils import parse_utc
+            return parse_utc(stamp.read_text().strip())
+        except Exception:
+            return None
+
+
+@dataclass
+class SourceNotebook:
+    """The instructor's notebook (from the source directory) that submissions answer."""
+    assignment: str
+    name: str
+    path: Path
+    notebook: nbformat.NotebookNode = field(repr=False)
+
+    @classmethod
+    def read(cls, path: Path, assignment: str) -> "SourceNotebook":
+        nb = nbformat.read(str(path), as_version=4)
+        return cls(assignment=assignment, name=Path(path).stem, path=Path(path), notebook=nb)
+
+    @functools.cached_property
+    def graded_view(self) -> nbformat.NotebookNode:
+        """The notebook as ``nbgrader generate_assignment`` records it in the gradebook.
+
+        nbgrader's own preprocessors replace each solution region by the released stub
+        and add the cell checksums; the hidden tests stay. This is what the grader
+        trusts: its test and read-only cells are run as they are, its stubs tell
+        whether a learner answered at all.
+        """
+        from nbgrader.preprocessors import (ClearOutput, ClearSolutions, ComputeChecksums,
+                                            LockCells)
+        nb = copy.deepcopy(self.notebook)
+        resources: Dict[str, object] = {}
+        for step in (LockCells(), ClearSolutions(), ClearOutput(), ComputeChecksums()):
+            nb, resources = step.preprocess(nb, resources)
+        return nb
+
+    def support_files(self) -> List[Path]:
+        """Files beside the notebook that nbgrader copies into every submission (data, modules)."""
+        folder = self.path.parent
+        return sorted(p for p in folder.rglob("*")
+                      if p.is_file() and p.suffix != ".ipynb"
+                      and not any(IGNORED.match(part) for part in p.relative_to(folder).parts))
+
+
+@dataclass
+class Course:
+    """A course directory: where the source notebooks are (``nbgrader_config.py`` may say)."""
+    root: Path
+    source_directory: str = DEFAULT_SOURCE_DIRECTORY
+    course_id: str = ""  # nbgrader's CourseDirectory.course_id (the gradebook's course)
+
+    @classmethod
+    def discover(cls, root: Path = Path(".")) -> "Course":
+        """Read ``CourseDirectory.source_directory`` from ``root/nbgrader_config.py`` if set."""
+        root = Path(root).resolve()
+        source, course_id = DEFAULT_SOURCE_DIRECTORY, ""
+        config_file = root / "nbgrader_config.py"
+        if config_file.is_file():
+            from traitlets.config.loader import PyFileConfigLoader
+            config = PyFileConfigLoader(config_file.name, path=str(root)).load_config()
+            course_dir = config.get("CourseDirectory", {})
+            source = course_dir.get("source_directory", source)
+            course_id = course_dir.get("course_id", course_id)
+            if "root" in course_dir:
+                root = (root / course_dir["root"]).resolve()
+        return cls(root=root, source_directory=source, course_id=course_id)
+
+    @property
+    def source_path(self) -> Path:
+        return self.root / self.source_directory
+
+    def assignment_path(self, assignment: str) -> Path:
+        return self.source_path / assignment
+
+    def source_notebooks(self, assignment: str) -> Dict[str, SourceNotebook]:
+        """The instructor's notebooks of ``assignment``, by notebook name."""
+        folder = self.assignment_path(assignment)
+        if not folder.is_dir():
+            raise FileNotFoundError(
+                f"no assignment {assignment!r}: {folder} is not a directory")
+        notebooks = {p.stem: SourceNotebook.read(p, assignment)
+                     for p in sorted(folder.glob("*.ipynb"))}
+        if not notebooks:
+            raise FileNotFoundError(f"assignment {assignment!r} has no notebooks in {folder}")
+        return notebooks
+
+
+def find_submissions(submitted: Path, assignment: str,
+                     notebooks: Optional[List[str]] = None) -> List[Submission]:
+    """Every ``SUBMITTED/<student>/<assignment>/<notebook>.ipynb``, sorted by student and notebook.
+
+    With ``notebooks`` (the assignment's notebook names), a student who submitted the
+    assignment but not one of its notebooks still gets a :class:`Submission` for it (its
+    path does not exist), so that every student and notebook gets a row in the grades.
+    """
+    submitted = Path(submitted)
+    if not submitted.is_dir():
+        raise FileNotFoundError(f"{submitted} is not a directory of submissions")
+    found: List[Submission] = []
+    for student_dir in sorted(p for p in submitted.iterdir() if p.is_dir()):
+        if IGNORED.match(student_dir.name):
+            continue
+        folder = student_dir / assignment
+        if not folder.is_dir():
+            continue
+        names = {p.stem for p in folder.glob("*.ipynb") if not IGNORED.match(p.name)}
+        names.update(notebooks or [])
+        for name in sorted(names):
+            found.append(Submission(student_dir.name, assignment, name, folder / f"{name}.ipynb"))
+    return found
+
+
+def read_submission(path: Path) -> nbformat.NotebookNode:
+    """Read a learner's notebook; ``ValueError`` with a one-line reason when it is not one."""
+    try:
+        nb = nbformat.read(str(path), as_version=4)
+    except FileNotFoundError:
+        raise ValueError("notebook not submitted") from None
+    except Exception as error:
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ValueError(f"not a readable notebook: {reason[:200]}") from None
+    if not isinstance(nb.get("cells"), list):
+        raise ValueError("not a readable notebook: it has no cells")
+    return nb

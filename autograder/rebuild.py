@@ -1,0 +1,260 @@
+"""Rebuild a submission into the notebook that is actually run: trusted parts plus answers.
+
+The learner owns exactly one thing in a notebook: the *source* of its solution cells
+(and any cells they added). Everything else comes from the instructor's reference
+(:attr:`autograder.layout.SourceNotebook.graded_view`):
+
+* test cells and read-only cells are the instructor's, hidden tests included, whatever
+  the submission says; edited ones are restored, deleted ones put back where they
+  belong (after the cell that precedes them in the reference), duplicates dropped;
+* cell metadata is the reference's for known cells and empty for the learner's own, so
+  tags a learner added (``skip-execution``, ``raises-exception``, ``parameters``,
+  ``injected-parameters``...) have no effect; outputs are cleared;
+* two cells go on top: a ``parameters`` cell with the device and run profile (papermill
+  injects the real values after it) and a setup cell that applies them to the
+  environment before any of the notebook runs;
+* GPU-only test cells (``grade_id`` ending in ``_gpu``) are tagged ``skip-execution``
+  when the device is the CPU, and reported as skipped.
+
+The result also lists the test cells to judge, by the cell id given to each here.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+import nbformat
+from nbformat.v4 import new_code_cell, new_notebook
+
+DEVICES = ("cpu", "cuda")
+PROFILES = ("quick", "full")
+GPU_SUFFIX = "_gpu"
+HIDDEN_BEGIN, HIDDEN_END = "BEGIN HIDDEN TESTS", "END HIDDEN TESTS"
+# Tags with a meaning to papermill or nbclient: only the grader may set them.
+CONTROL_TAGS = {"parameters", "injected-parameters", "skip-execution", "raises-exception",
+                "papermill-error-cell-tag"}
+KERNELSPEC = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
+
+
+@dataclass(frozen=True)
+class TestCell:
+    """An autograded test cell of the rebuilt notebook."""
+    grade_id: str
+    points: float
+    cell_id: str
+    hidden: bool     # it contains hidden tests (their text must not reach the learner)
+    gpu_only: bool
+    skipped: bool    # not run on this device
+
+
+@dataclass(frozen=True)
+class ManualCell:
+    """A cell graded by a person (a written answer), with whether it was answered."""
+    grade_id: str
+    points: float
+    answered: bool
+
+
+@dataclass
+class Rebuilt:
+    notebook: nbformat.NotebookNode
+    tests: List[TestCell]
+    manual: List[ManualCell] = field(default_factory=list)
+    notes: List[str] = field(default_factory=list)  # what was restored or dropped, and why
+    answered: Dict[str, bool] = field(default_factory=dict)  # answer cell -> changed from stub
+
+    @property
+    def max_score(self) -> float:
+        return sum(t.points for t in self.tests if not t.skipped)
+
+
+def _nbgrader(cell) -> dict:
+    meta = cell.get("metadata", {}).get("nbgrader")
+    return meta if isinstance(meta, dict) else {}
+
+
+def grade_id_of(cell) -> Optional[str]:
+    gid = _nbgrader(cell).get("grade_id")
+    return gid if isinstance(gid, str) and gid else None
+
+
+def is_test(cell) -> bool:
+    """An autograded test: a graded code cell that is not an answer."""
+    meta = _nbgrader(cell)
+    return cell.get("cell_type") == "code" and bool(meta.get("grade")) and not meta.get("solution")
+
+
+def is_answer(cell) -> bool:
+    return bool(_nbgrader(cell).get("solution"))
+
+
+def is_manual(cell) -> bool:
+    """Graded by a person: a graded answer cell, a graded markdown cell or a task."""
+    meta = _nbgrader(cell)
+    return bool(meta.get("task")) or (bool(meta.get("grade")) and not is_test(cell))
+
+
+def visible_part(source: str) -> str:
+    """A test cell's source without its hidden-tests region (what learners were given)."""
+    lines, hiding = [], False
+    for line in source.splitlines():
+        if HIDDEN_BEGIN in line:
+            hiding = True
+        elif HIDDEN_END in line:
+            hiding = False
+        elif not hiding:
+            lines.append(line)
+    return "\n".join(lines)
+
+
+def _strip_control_tags(metadata: dict) -> dict:
+    metadata = copy.deepcopy(dict(metadata))
+    tags = [t for t in metadata.get("tags", []) if t not in CONTROL_TAGS]
+    if tags:
+        metadata["tags"] = tags
+    else:
+        metadata.pop("tags", None)
+    metadata.pop("papermill", None)
+    return metadata
+
+
+def _fresh(cell_type: str, source: str, metadata: dict, attachments=None):
+    node = {"cell_type": cell_type, "source": source, "metadata": metadata}
+    if cell_type == "code":
+        node.update(outputs=[], execution_count=None)
+    if attachments and cell_type in ("markdown", "raw"):
+        node["attachments"] = copy.deepcopy(attachments)
+    return nbformat.from_dict(node)
+
+
+def _trusted(reference_cell):
+    """A copy of a reference cell (read-only, test or a put-back answer stub)."""
+    return _fresh(reference_cell.cell_type, reference_cell.source,
+                  _strip_control_tags(reference_cell.metadata), reference_cell.get("attachments"))
+
+
+def _answer(reference_cell, learner_cell):
+    """The learner's source in the reference's cell type, with the reference's metadata."""
+    source = learner_cell.get("source", "")
+    if isinstance(source, list):
+        source = "".join(source)
+    return _fresh(reference_cell.cell_type, source, _strip_control_tags(reference_cell.metadata),
+                  learner_cell.get("attachments"))
+
+
+def _learners_own(cell):
+    """A cell the learner added: kept, but with no metadata (so no tags) and no outputs."""
+    cell_type = cell.get("cell_type")
+    if cell_type not in ("code", "markdown", "raw"):
+        return None
+    source = cell.get("source", "")
+    if isinstance(source, list):
+        source = "".join(source)
+    return _fresh(cell_type, source, {}, cell.get("attachments"))
+
+
+def parameters_cell(device: str = "cpu", profile: str = "quick"):
+    source = ("# The run's device and profile; papermill injects the values used below this cell.\n"
+              f"autograder_device = {device!r}\nautograder_profile = {profile!r}")
+    return _fresh("code", source, {"tags": ["parameters"]})
+
+
+SETUP_SOURCE = """\
+# Set by the autograder before any of the notebook runs.
+import os as _autograder_os
+_autograder_os.environ["DLPERF_PROFILE"] = autograder_profile
+if autograder_device == "cpu":
+    _autograder_os.environ["CUDA_VISIBLE_DEVICES"] = ""  # this run judges CPU behaviour
+del _autograder_os"""
+
+
+def rebuild(reference: nbformat.NotebookNode, submitted: nbformat.NotebookNode, *,
+            device: str = "cpu", profile: str = "quick") -> Rebuilt:
+    """The notebook to run for ``submitted``, built on ``reference`` (the graded view)."""
+    if device not in DEVICES:
+        raise ValueError(f"device must be one of {DEVICES}, got {device!r}")
+    if profile not in PROFILES:
+        raise ValueError(f"profile must be one of {PROFILES}, got {profile!r}")
+    ref_cells: Dict[str, object] = {}
+    ref_order: List[str] = []
+    for cell in reference.cells:
+        gid = grade_id_of(cell)
+        if gid and gid not in ref_cells:
+            ref_cells[gid] = cell
+            ref_order.append(gid)
+
+    notes: List[str] = []
+    body: List[tuple] = []  # (grade_id or None, cell)
+    placed = set()
+    for cell in submitted.get("cells", []):
+        gid = grade_id_of(cell)
+        if gid in ref_cells:
+            if gid in placed:
+                notes.append(f"dropped a duplicate of cell {gid!r}")
+                continue
+            placed.add(gid)
+            ref = ref_cells[gid]
+            if is_answer(ref):
+                body.append((gid, _answer(ref, cell)))
+            else:
+                if is_test(ref):
+                    given = cell.get("source", "")
+                    given = "".join(given) if isinstance(given, list) else given
+                    if given.strip() != visible_part(ref.source).strip():
+                        notes.append(f"test cell {gid!r} was edited: the original was used")
+                body.append((gid, _trusted(ref)))
+        else:
+            own = _learners_own(cell)
+            if own is not None:
+                body.append((None, own))
+
+    # Put back every reference cell the submission lacks, after its predecessor.
+    for index, gid in enumerate(ref_order):
+        if gid in placed:
+            continue
+        ref = ref_cells[gid]
+        if is_test(ref):
+            notes.append(f"test cell {gid!r} was missing: the original was put back")
+        elif is_answer(ref):
+            notes.append(f"answer cell {gid!r} was missing: graded as unanswered")
+        position = 0
+        for previous in reversed(ref_order[:index]):
+            if previous in placed:
+                position = next(i for i, (g, _) in enumerate(body) if g == previous) + 1
+                break
+        body.insert(position, (gid, _trusted(ref)))
+        placed.add(gid)
+
+    cells = [parameters_cell(device, profile), _fresh("code", SETUP_SOURCE, {})]
+    cells[0]["id"], cells[1]["id"] = "autograder-parameters", "autograder-setup"
+    tests: List[TestCell] = []
+    manual: List[ManualCell] = []
+    answered: Dict[str, bool] = {}
+    for number, (gid, cell) in enumerate(body):
+        cell["id"] = f"cell-{number}"
+        if gid is None:
+            cells.append(cell)
+            continue
+        ref = ref_cells[gid]
+        points = float(_nbgrader(ref).get("points", 0) or 0)
+        if is_test(ref):
+            gpu_only = gid.endswith(GPU_SUFFIX)
+            skipped = gpu_only and device != "cuda"
+            if skipped:
+                cell.metadata.setdefault("tags", []).append("skip-execution")
+            cell["id"] = f"test-{number}"
+            tests.append(TestCell(gid, points, cell["id"], HIDDEN_BEGIN in ref.source,
+                                  gpu_only, skipped))
+        if is_answer(ref) or is_manual(ref):
+            from nbgrader.utils import compute_checksum
+            stub = _nbgrader(ref).get("checksum")
+            answered[gid] = stub is None or compute_checksum(cell) != stub
+            if is_manual(ref):
+                manual.append(ManualCell(gid, points, answered[gid]))
+        cells.append(cell)
+
+    nb = new_notebook(cells=cells, metadata={"kernelspec": dict(KERNELSPEC),
+                                             "language_info": {"name": "python"}})
+    nbformat.validate(nb)
+    return Rebuilt(notebook=nb, tests=tests, manual=manual, notes=notes, answered=answered)

@@ -1,0 +1,307 @@
+"""Quoted hardware numbers (with their sources) and what this machine says about itself.
+
+Two kinds of number live in this course and must never be mixed up:
+
+* *quoted* numbers, from vendor datasheets and standards, kept here with the
+  source of each (``REFERENCE``, ``GPU_SPECS``);
+* *measured* numbers, which the pages produce on the machine they run on.
+
+``peak_flops(device, dtype)`` returns the datasheet peak of a GPU that is in
+``GPU_SPECS``, a labelled rough estimate for an x86 CPU, or ``None`` with the
+reason, never a guess presented as a fact.
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import pandas as pd
+import torch
+
+NVIDIA_H100 = "NVIDIA H100 datasheet, https://www.nvidia.com/en-us/data-center/h100/"
+NVIDIA_H200 = "NVIDIA H200 datasheet, https://www.nvidia.com/en-us/data-center/h200/"
+NVIDIA_A100 = "NVIDIA A100 datasheet, https://www.nvidia.com/en-us/data-center/a100/"
+NVIDIA_V100 = "NVIDIA V100 datasheet, https://www.nvidia.com/en-us/data-center/v100/"
+NVIDIA_T4 = "NVIDIA T4 datasheet, https://www.nvidia.com/en-us/data-center/tesla-t4/"
+NVIDIA_L4 = "NVIDIA L4 datasheet, https://www.nvidia.com/en-us/data-center/l4/"
+NVIDIA_A10 = "NVIDIA A10 datasheet, https://www.nvidia.com/en-us/data-center/products/a10-gpu/"
+NVIDIA_L40S = "NVIDIA L40S datasheet, https://www.nvidia.com/en-us/data-center/l40s/"
+PCI_SIG = "PCI-SIG, PCI Express Base Specification 4.0 (16 GT/s) and 5.0 (32 GT/s), https://pcisig.com/specifications"
+JEDEC_DDR5 = "JEDEC JESD79-5 DDR5 SDRAM standard, https://www.jedec.org/standards-documents/docs/jesd79-5c"
+AMD_EPYC_9004 = "AMD EPYC 9004 series product page (12 DDR5-4800 channels), https://www.amd.com/en/products/processors/server/epyc/4th-generation-9004-and-8004-series.html"
+CPU_MANUALS = ("Intel 64 and IA-32 Architectures Optimization Reference Manual; AMD Software "
+               "Optimization Guide for Family 19h (Zen 4) processors")
+DEAN_NORVIG = ("J. Dean, 'Numbers everyone should know' (LADIS 2009); P. Norvig, "
+               "https://norvig.com/21-days.html#answers")
+NVIDIA_NDR = "NVIDIA Quantum-2 InfiniBand (NDR, 400 Gb/s per port), https://www.nvidia.com/en-us/networking/quantum2/"
+IEEE_8023 = "IEEE 802.3 (100 Gb/s Ethernet)"
+SAMSUNG_990 = "Samsung 990 PRO datasheet (7,450 MB/s sequential read), https://semiconductor.samsung.com/consumer-storage/internal-ssd/990-pro/"
+
+
+@dataclass(frozen=True)
+class Reference:
+    """One quoted number: a component, its typical latency and/or bandwidth, and where it is from."""
+    component: str
+    group: str  # 'cache', 'memory', 'interconnect', 'storage', 'network'
+    latency_ns: Optional[float]
+    bandwidth_gbs: Optional[float]  # GB/s, 1 GB = 1e9 bytes
+    note: str
+    source: str
+
+
+REFERENCE: List[Reference] = [
+    Reference("CPU L1 data cache", "cache", 1.0, None,
+              "4-5 cycles at 4-5 GHz; 32-48 KiB per core", CPU_MANUALS),
+    Reference("CPU L2 cache", "cache", 4.0, None,
+              "about 12-16 cycles; 1-2 MiB per core", CPU_MANUALS),
+    Reference("CPU L3 cache", "cache", 15.0, None,
+              "about 40-70 cycles; tens of MiB, shared", CPU_MANUALS),
+    Reference("DRAM (CPU main memory)", "memory", 100.0, None,
+              "a load that misses every cache", DEAN_NORVIG),
+    Reference("DDR5-4800, one 64-bit channel", "memory", None, 38.4,
+              "4800 MT/s x 8 bytes", JEDEC_DDR5),
+    Reference("DDR5-4800, 12 channels (one server socket)", "memory", None, 460.8,
+              "12 x 38.4 GB/s", AMD_EPYC_9004),
+    Reference("HBM2e (A100 80GB SXM)", "memory", None, 2039.0, "80 GB on the package",
+              NVIDIA_A100),
+    Reference("HBM3 (H100 SXM)", "memory", None, 3350.0, "80 GB on the package", NVIDIA_H100),
+    Reference("HBM3e (H200)", "memory", None, 4800.0, "141 GB on the package", NVIDIA_H200),
+    Reference("PCIe 4.0 x16", "interconnect", None, 31.5,
+              "16 GT/s x 16 lanes, 128b/130b coding; per direction", PCI_SIG),
+    Reference("PCIe 5.0 x16", "interconnect", None, 63.0,
+              "32 GT/s x 16 lanes, 128b/130b coding; per direction (NVIDIA quotes 128 GB/s for both)",
+              PCI_SIG),
+    Reference("NVLink 3 (A100)", "interconnect", None, 600.0,
+              "12 links; both directions together", NVIDIA_A100),
+    Reference("NVLink 4 (H100, H200)", "interconnect", None, 900.0,
+              "18 links x 50 GB/s; both directions together (450 GB/s each way)", NVIDIA_H100),
+    Reference("NVMe SSD, PCIe 4.0 x4", "storage", 100_000.0, 7.45,
+              "sequential read; latency: random 4 KiB read, order of magnitude", SAMSUNG_990),
+    Reference("InfiniBand NDR, one port", "network", None, 50.0, "400 Gb/s per direction",
+              NVIDIA_NDR),
+    Reference("Ethernet, 100 Gb/s", "network", None, 12.5, "per direction", IEEE_8023),
+]
+
+
+def reference_table(group: Optional[str] = None) -> pd.DataFrame:
+    """The quoted numbers as a table (optionally one group), with their sources."""
+    rows = [r for r in REFERENCE if group is None or r.group == group]
+    return pd.DataFrame({
+        "latency": [_format_ns(r.latency_ns) for r in rows],
+        "bandwidth (GB/s)": [f"{r.bandwidth_gbs:,.1f}" if r.bandwidth_gbs else "" for r in rows],
+        "note": [r.note for r in rows],
+        "source": [r.source for r in rows],
+    }, index=pd.Index([r.component for r in rows], name="component"))
+
+
+def _format_ns(ns: Optional[float]) -> str:
+    if ns is None:
+        return ""
+    if ns >= 1e3:
+        return f"~{ns / 1e3:g} µs"
+    return f"~{ns:g} ns"
+
+
+# --- GPUs: datasheet peaks ----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """Datasheet numbers of one GPU model. TFLOP/s are dense (without 2:4 sparsity)."""
+    name: str
+    pattern: str  # regular expression matched against torch.cuda.get_device_name()
+    tflops: Dict[str, float]  # 'float32', 'tf32', 'bfloat16', 'float16'
+    memory: str
+    bandwidth_gbs: float
+    source: str
+
+
+GPU_SPECS: List[GpuSpec] = [  # the more specific names first: the first match wins
+    GpuSpec("H200 NVL", r"\bH200 NVL\b",
+            {"float32": 60, "tf32": 417.5, "bfloat16": 835.5, "float16": 835.5},
+            "141 GB HBM3e", 4800, NVIDIA_H200),
+    GpuSpec("H200 SXM", r"\bH200\b",
+            {"float32": 67, "tf32": 494.5, "bfloat16": 989.5, "float16": 989.5},
+            "141 GB HBM3e", 4800, NVIDIA_H200),
+    GpuSpec("H100 NVL", r"\bH100 NVL\b",
+            {"float32": 60, "tf32": 417.5, "bfloat16": 835.5, "float16": 835.5},
+            "94 GB HBM3", 3900, NVIDIA_H100),
+    GpuSpec("H100 PCIe", r"\bH100 PCIe\b",
+            {"float32": 51, "tf32": 378, "bfloat16": 756.5, "float16": 756.5},
+            "80 GB HBM2e", 2000, NVIDIA_H100),
+    GpuSpec("H100 SXM", r"\bH100\b",
+            {"float32": 67, "tf32": 494.5, "bfloat16": 989.5, "float16": 989.5},
+            "80 GB HBM3", 3350, NVIDIA_H100),
+    GpuSpec("A100 80GB PCIe", r"\bA100\b.*80GB.*PCIe|\bA100 80GB PCIe\b",
+            {"float32": 19.5, "tf32": 156, "bfloat16": 312, "float16": 312},
+            "80 GB HBM2e", 1935, NVIDIA_A100),
+    GpuSpec("A100 80GB SXM", r"\bA100\b.*80GB",
+            {"float32": 19.5, "tf32": 156, "bfloat16": 312, "float16": 312},
+            "80 GB HBM2e", 2039, NVIDIA_A100),
+    GpuSpec("A100 40GB", r"\bA100\b",
+            {"float32": 19.5, "tf32": 156, "bfloat16": 312, "float16": 312},
+            "40 GB HBM2", 1555, NVIDIA_A100),
+    GpuSpec("V100 PCIe", r"\bV100-PCIE\b|\bV100 PCIe\b",
+            {"float32": 14, "float16": 112}, "16/32 GB HBM2", 900, NVIDIA_V100),
+    GpuSpec("V100 SXM2", r"\bV100\b",
+            {"float32": 15.7, "float16": 125}, "16/32 GB HBM2", 900, NVIDIA_V100),
+    GpuSpec("T4", r"\bT4\b", {"float32": 8.1, "float16": 65}, "16 GB GDDR6", 320, NVIDIA_T4),
+    GpuSpec("L40S", r"\bL40S\b",
+            {"float32": 91.6, "tf32": 183, "bfloat16": 362, "float16": 362},
+            "48 GB GDDR6", 864, NVIDIA_L40S),
+    GpuSpec("L4", r"\bL4\b",
+            {"float32": 30.3, "tf32": 60, "bfloat16": 121, "float16": 121},
+            "24 GB GDDR6", 300, NVIDIA_L4),
+    GpuSpec("A10", r"\bA10\b",
+            {"float32": 31.2, "tf32": 62.5, "bfloat16": 125, "float16": 125},
+            "24 GB GDDR6", 600, NVIDIA_A10),
+]
+
+
+def gpu_spec(device_name: str) -> Optional[GpuSpec]:
+    """The datasheet entry whose pattern matches ``device_name``, or None for an unknown GPU."""
+    for spec in GPU_SPECS:
+        if re.search(spec.pattern, device_name, flags=re.IGNORECASE):
+            return spec
+    return None
+
+
+# --- CPUs: a rough estimate, labelled as one ----------------------------------------------
+
+@dataclass(frozen=True)
+class CpuPeakEstimate:
+    """cores x clock x FLOP per cycle, with the assumptions that produced each factor."""
+    cores: int
+    ghz: float
+    flop_per_cycle: int
+    assumption: str
+
+    @property
+    def gflops(self) -> float:
+        return self.cores * self.ghz * self.flop_per_cycle
+
+    def describe(self) -> str:
+        return (f"rough estimate {self.gflops:.0f} GFLOP/s = {self.cores} cores x "
+                f"{self.ghz:.2f} GHz (clock the OS reports) x {self.flop_per_cycle} FP32 FLOP/cycle "
+                f"({self.assumption})")
+
+
+def _cpuinfo_field(text: str, key: str) -> Optional[str]:
+    match = re.search(rf"^{re.escape(key)}\s*:\s*(.*)$", text, flags=re.M)
+    return match.group(1).strip() if match else None
+
+
+def fp32_flop_per_cycle(flags: set, vendor: str = "", family: Optional[int] = None):
+    """FP32 FLOP per cycle and core from the instruction-set flags, with the assumption made."""
+    if "avx512f" in flags:
+        if vendor == "AuthenticAMD" and family is not None and family <= 25:
+            return 32, "AVX-512 on AMD Zen 4 runs on two 256-bit FMA pipes: 2 x 8 lanes x 2"
+        return 64, "AVX-512, assuming two 512-bit FMA units: 2 x 16 lanes x 2 (some CPUs have one)"
+    if "avx2" in flags and "fma" in flags:
+        return 32, "AVX2 + FMA, assuming two 256-bit FMA units: 2 x 8 lanes x 2"
+    if "avx" in flags:
+        return 16, "AVX without FMA: one 8-lane add and one 8-lane multiply per cycle"
+    if "sse2" in flags:
+        return 8, "SSE: one 4-lane add and one 4-lane multiply per cycle"
+    return 0, "no known vector instruction set"
+
+
+def cpu_peak_estimate(cpuinfo: Optional[str] = None,
+                      cores: Optional[int] = None) -> Optional[CpuPeakEstimate]:
+    """A rough FP32 peak of the cores PyTorch uses, or None where /proc/cpuinfo cannot tell.
+
+    It is an estimate, not a datasheet number: the clock the OS reports is often
+    the base clock (cores may boost above it or slow down when hot), and the
+    number of vector units per core differs between CPUs with the same flags.
+    """
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return None
+    mhz = _cpuinfo_field(cpuinfo, "cpu MHz")
+    flags = _cpuinfo_field(cpuinfo, "flags")
+    if not mhz or not flags:
+        return None
+    vendor = _cpuinfo_field(cpuinfo, "vendor_id") or ""
+    family = _cpuinfo_field(cpuinfo, "cpu family")
+    per_cycle, assumption = fp32_flop_per_cycle(
+        set(flags.split()), vendor, int(family) if family and family.isdigit() else None)
+    if per_cycle == 0:
+        return None
+    if cores is None:
+        cores = min(torch.get_num_threads(), os.cpu_count() or 1)
+    return CpuPeakEstimate(cores, float(mhz) / 1e3, per_cycle, assumption)
+
+
+@dataclass(frozen=True)
+class Peak:
+    """A peak FLOP/s for a device and dtype: its value (None if unknown), kind and provenance."""
+    tflops: Optional[float]
+    kind: str  # 'datasheet', 'estimate' or 'unknown'
+    explanation: str
+
+
+def _dtype_key(dtype: torch.dtype, device_type: str) -> str:
+    if dtype == torch.float32 and device_type == "cuda" and torch.get_float32_matmul_precision() != "highest":
+        return "tf32"  # PyTorch was told it may run float32 matrix products in TF32 on tensor cores
+    return str(dtype).replace("torch.", "")
+
+
+def peak_flops(dev, dtype: torch.dtype = torch.float32) -> Peak:
+    """The peak to compare a measured FLOP/s against, and where it comes from."""
+    dev = torch.device(dev)
+    if dev.type == "cuda":
+        name = torch.cuda.get_device_name(dev)
+        spec = gpu_spec(name)
+        key = _dtype_key(dtype, "cuda")
+        if spec is None:
+            return Peak(None, "unknown", f"{name} is not in dlperf.hardware.GPU_SPECS: "
+                                         f"look its {key} peak up in its datasheet")
+        if key not in spec.tflops:
+            return Peak(None, "unknown", f"the {spec.name} datasheet gives no {key} peak "
+                                         f"(no tensor-core support for it)")
+        return Peak(spec.tflops[key], "datasheet",
+                    f"{spec.name}, {key} dense, {spec.tflops[key]:g} TFLOP/s ({spec.source})")
+    if dev.type == "cpu" and dtype == torch.float32:
+        estimate = cpu_peak_estimate()
+        if estimate is None:
+            return Peak(None, "unknown", "this CPU does not report its clock and vector units")
+        return Peak(estimate.gflops / 1e3, "estimate", estimate.describe())
+    return Peak(None, "unknown", f"no peak known for {dtype} on {dev.type}")
+
+
+# --- caches this machine reports ----------------------------------------------------------
+
+def _parse_size(text: str) -> int:
+    match = re.fullmatch(r"\s*(\d+)\s*([KMG]?)i?B?\s*", text, flags=re.I)
+    if not match:
+        raise ValueError(f"not a cache size: {text!r}")
+    return int(match.group(1)) * {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}[match.group(2).upper()]
+
+
+def cache_sizes(dev=None, sysfs: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> Dict[str, int]:
+    """Data-cache sizes in bytes, by name: the CPU's from sysfs, a GPU's L2 from CUDA."""
+    dev = torch.device(dev if dev is not None else "cpu")
+    if dev.type == "cuda":
+        return {"L2": int(torch.cuda.get_device_properties(dev).L2_cache_size)}
+    sizes = {}
+    for index in sorted(sysfs.glob("index*")):
+        try:
+            kind = (index / "type").read_text().strip()
+            level = (index / "level").read_text().strip()
+            size = _parse_size((index / "size").read_text())
+        except (OSError, ValueError):
+            continue
+        if kind in ("Data", "Unified"):
+            sizes[f"L{level}" + ("d" if kind == "Data" else "")] = size
+    return sizes
+
+
+def matmul_flops(n: int, m: Optional[int] = None, k: Optional[int] = None) -> int:
+    """Floating-point operations of an (n x k) @ (k x m) product: one multiply and one add per term."""
+    m = n if m is None else m
+    k = n if k is None else k
+    return 2 * n * m * k

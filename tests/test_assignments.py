@@ -1,0 +1,357 @@
+"""The nbgrader assignments: solutions/ (source step) and exercises/ (release step).
+
+Fast tests read the notebooks: the release is exactly what `nbgrader generate_assignment` makes of
+the solutions, it holds no solution and no hidden test, and the solution notebooks follow the
+conventions the grading relies on. Integration tests autograde real submissions with nbgrader: the
+solutions get full marks, the unedited release gets zero, and every plausible wrong submission in
+tests/wrong_submissions/ loses exactly the points it lists.
+"""
+from __future__ import annotations
+
+import ast
+import copy
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import nbformat
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+SOLUTIONS = ROOT / "solutions"
+EXERCISES = ROOT / "exercises"
+WRONG_SUBMISSIONS = Path(__file__).resolve().parent / "wrong_submissions"
+
+# assignment -> its notebook's name (one notebook per assignment)
+ASSIGNMENTS = {path.parent.name: path.stem for path in sorted(SOLUTIONS.glob("*/*.ipynb"))}
+WRONG = sorted(WRONG_SUBMISSIONS.glob("*/*.toml"))
+
+HIDDEN = re.compile(r"^[ \t]*### BEGIN HIDDEN TESTS.*?### END HIDDEN TESTS[ \t]*\n?",
+                    re.DOTALL | re.MULTILINE)
+SOLUTION = re.compile(r"^[ \t]*### (BEGIN|END) SOLUTION[ \t]*\n?", re.MULTILINE)
+SOLUTION_BLOCK = re.compile(r"^[ \t]*### BEGIN SOLUTION.*?### END SOLUTION[ \t]*\n?",
+                            re.DOTALL | re.MULTILINE)
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers
+
+
+def nbgrader_meta(cell) -> dict:
+    return cell.get("metadata", {}).get("nbgrader", {})
+
+
+def grade_cells(nb) -> dict:
+    """grade_id -> cell, for the autograded test cells."""
+    return {nbgrader_meta(c)["grade_id"]: c for c in nb.cells
+            if nbgrader_meta(c).get("grade") and not nbgrader_meta(c).get("solution")}
+
+
+def answer_cells(nb) -> dict:
+    """grade_id -> cell, for the cells the learner writes code in."""
+    return {nbgrader_meta(c)["grade_id"]: c for c in nb.cells if nbgrader_meta(c).get("solution")}
+
+
+def solution_notebook(assignment: str):
+    return nbformat.read(SOLUTIONS / assignment / f"{ASSIGNMENTS[assignment]}.ipynb", as_version=4)
+
+
+def release_notebook(assignment: str):
+    return nbformat.read(EXERCISES / assignment / f"{ASSIGNMENTS[assignment]}.ipynb", as_version=4)
+
+
+def run_nbgrader(course: Path, *args: str, timeout: int = 1200) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    # nbgrader creates its gradebook by running the `alembic` executable found on PATH.
+    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    return subprocess.run([sys.executable, "-m", "nbgrader", *args], cwd=course, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def check(result: subprocess.CompletedProcess, what: str) -> None:
+    assert result.returncode == 0, (f"{what} failed (exit {result.returncode}):\n"
+                                    f"{result.stdout[-3000:]}\n{result.stderr[-6000:]}")
+
+
+def new_course(path: Path) -> Path:
+    """A throw-away nbgrader course: the repository's configuration and solutions."""
+    path.mkdir(parents=True, exist_ok=True)
+    shutil.copy(ROOT / "nbgrader_config.py", path / "nbgrader_config.py")
+    shutil.copytree(SOLUTIONS, path / "solutions")
+    return path
+
+
+def load_wrong(path: Path) -> dict:
+    with open(path, "rb") as f:
+        case = tomllib.load(f)
+    case["name"] = path.stem
+    case["student"] = f"wrong_{path.stem}"
+    return case
+
+
+def expected_losses(case: dict, cuda: bool) -> dict:
+    losses = dict(case.get("loses", {}))
+    extra = case.get("loses_with_gpu" if cuda else "loses_without_gpu", {})
+    for grade_id, points in extra.items():
+        losses[grade_id] = losses.get(grade_id, 0) + points
+    return losses
+
+
+def submission(assignment: str, answers: dict):
+    """The release notebook with the learner's code in its answer cells (the solution's elsewhere)."""
+    nb = copy.deepcopy(release_notebook(assignment))
+    solved = answer_cells(solution_notebook(assignment))
+    for grade_id, cell in answer_cells(nb).items():
+        code = answers.get(grade_id)
+        if code is None:
+            code = SOLUTION.sub("", solved[grade_id].source)
+        cell.source = code.strip("\n")
+    return nb
+
+
+def assert_no_outputs(nb, where: str) -> None:
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            assert not cell.outputs and cell.execution_count is None, (
+                f"{where}: a code cell has stored outputs; notebooks are committed without them")
+
+
+# ---------------------------------------------------------------------------------------------
+# Fast tests: the notebooks as committed
+
+
+def test_every_assignment_has_a_solution_and_a_release():
+    assert set(ASSIGNMENTS) == {"benchmark", "data_parallel", "ring_allreduce"}, ASSIGNMENTS
+    released = {path.parent.name: path.stem for path in sorted(EXERCISES.glob("*/*.ipynb"))}
+    assert released == ASSIGNMENTS, (
+        f"exercises/ should hold the release of every assignment in solutions/; "
+        f"solutions: {ASSIGNMENTS}, exercises: {released}")
+
+
+def test_release_is_exactly_what_nbgrader_generates(tmp_path):
+    course = new_course(tmp_path / "course")
+    for assignment in ASSIGNMENTS:
+        check(run_nbgrader(course, "generate_assignment", assignment, "--force"),
+              f"nbgrader generate_assignment {assignment}")
+    generated = sorted(p.relative_to(course / "exercises") for p in (course / "exercises").rglob("*")
+                       if p.is_file())
+    committed = sorted(p.relative_to(EXERCISES) for p in EXERCISES.rglob("*") if p.is_file())
+    assert generated == committed, f"generated files {generated} but exercises/ holds {committed}"
+    for relative in generated:
+        fresh = nbformat.read(course / "exercises" / relative, as_version=4)
+        stored = nbformat.read(EXERCISES / relative, as_version=4)
+        assert fresh.metadata == stored.metadata, f"{relative}: notebook metadata differ"
+        assert len(fresh.cells) == len(stored.cells), f"{relative}: different numbers of cells"
+        for number, (a, b) in enumerate(zip(fresh.cells, stored.cells)):
+            assert a == b, (f"exercises/{relative}, cell {number} is not what nbgrader generates "
+                            f"from solutions/ (run `nbgrader generate_assignment "
+                            f"{relative.parts[0]} --force`):\ngenerated {a}\ncommitted {b}")
+
+
+@pytest.mark.parametrize("assignment", sorted(ASSIGNMENTS))
+def test_release_holds_no_solution_and_no_hidden_test(assignment):
+    release = release_notebook(assignment)
+    assert_no_outputs(release, f"exercises/{assignment}")
+    text = "\n".join(cell.source for cell in release.cells)
+    for marker in ("BEGIN SOLUTION", "END SOLUTION", "BEGIN HIDDEN TESTS", "END HIDDEN TESTS"):
+        assert marker not in text, f"exercises/{assignment} contains '{marker}'"
+    for grade_id, cell in answer_cells(release).items():
+        assert "raise NotImplementedError()" in cell.source, (
+            f"{grade_id}: the released answer cell should be a stub; it is:\n{cell.source}")
+    # No line that only a hidden test or a solution has may appear in the release.
+    source = solution_notebook(assignment)
+    secret, public = [], []
+    for cell in source.cells:
+        for block in HIDDEN.findall(cell.source):
+            secret += block.splitlines()[1:-1]
+        for block in re.findall(r"### BEGIN SOLUTION\n(.*?)### END SOLUTION", cell.source, re.DOTALL):
+            secret += block.splitlines()
+        public += SOLUTION_BLOCK.sub("", HIDDEN.sub("", cell.source)).splitlines()
+    public = {line.strip() for line in public}
+    secret = {line.strip() for line in secret if len(line.strip()) > 12} - public
+    assert secret, f"{assignment}: found no solution or hidden-test code to look for"
+    released_lines = {line.strip() for line in text.splitlines()}
+    leaked = sorted(secret & released_lines)
+    assert not leaked, f"exercises/{assignment} leaks solution or hidden-test lines: {leaked}"
+
+
+@pytest.mark.parametrize("assignment", sorted(ASSIGNMENTS))
+def test_solution_notebook_follows_the_grading_conventions(assignment):
+    nb = solution_notebook(assignment)
+    where = f"solutions/{assignment}"
+    assert_no_outputs(nb, where)
+    ids = [nbgrader_meta(c)["grade_id"] for c in nb.cells if nbgrader_meta(c)]
+    assert len(ids) == len(set(ids)), f"{where}: grade ids repeat: {ids}"
+    everything = "\n".join(cell.source for cell in nb.cells)
+    assert not re.search(r"^\s*(import|from)\s+(dlperf|d2l)\b", everything, re.MULTILINE), (
+        f"{where} must stand alone: it may not import dlperf or d2l")
+    tests = grade_cells(nb)
+    assert tests and answer_cells(nb), f"{where}: no test cells or no answer cells"
+    table = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+    for grade_id, cell in tests.items():
+        meta = nbgrader_meta(cell)
+        assert meta.get("locked") and meta.get("points", 0) > 0, f"{grade_id}: locked, with points"
+        # The grading table the learner reads lists every test cell with its points.
+        row = re.search(rf"^\| `{grade_id}` .*\| (\d+) \|$", table, re.MULTILINE)
+        assert row and int(row.group(1)) == meta["points"], (
+            f"{where}: the grading table should list `{grade_id}` with {meta['points']} points")
+        assert cell.source.count("### BEGIN HIDDEN TESTS") == cell.source.count(
+            "### END HIDDEN TESTS") <= 1, f"{grade_id}: unbalanced hidden-test markers"
+        tree = ast.parse(cell.source)
+        # A bare assert fails with an empty AssertionError: every one must say what went wrong.
+        bare = [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Assert) and not node.msg]
+        assert not bare, f"{grade_id}: asserts without a message on lines {bare}"
+        # nbgrader reads a value left by a cell's last expression as partial credit.
+        last = tree.body[-1]
+        assert not (isinstance(last, ast.Expr) and not (
+            isinstance(last.value, ast.Call) and getattr(last.value.func, "id", "") == "print")), (
+            f"{grade_id}: the cell ends with an expression, which nbgrader would take as a score")
+        if grade_id.endswith("_gpu"):
+            assert "torch.cuda.is_available()" in cell.source and "SKIPPED" in cell.source, (
+                f"{grade_id}: a GPU cell checks for CUDA and says SKIPPED without it")
+        else:
+            assert "torch.cuda._sleep" not in cell.source, f"{grade_id}: GPU work outside a _gpu cell"
+
+
+@pytest.mark.parametrize("path", WRONG, ids=[f"{p.parent.name}/{p.stem}" for p in WRONG])
+def test_wrong_submission_file_is_well_formed(path):
+    case = load_wrong(path)
+    assert case.get("assignment") == path.parent.name, f"{path}: assignment must name its folder"
+    assert case.get("mistake", "").strip(), f"{path}: say what the mistake is"
+    nb = solution_notebook(case["assignment"])
+    answers, tests = answer_cells(nb), grade_cells(nb)
+    assert case.get("answers") and set(case["answers"]) <= set(answers), (
+        f"{path}: [answers] must name answer cells among {sorted(answers)}")
+    for table in ("loses", "loses_with_gpu", "loses_without_gpu"):
+        for grade_id, points in case.get(table, {}).items():
+            assert grade_id in tests, f"{path}: [{table}] names {grade_id}, not a test cell"
+    for cuda in (False, True):
+        losses = expected_losses(case, cuda)
+        assert losses, f"{path}: a wrong submission must lose something"
+        for grade_id, points in losses.items():
+            assert 0 < points <= nbgrader_meta(tests[grade_id])["points"], (
+                f"{path}: cannot lose {points} points on {grade_id}")
+
+
+def test_wrong_submissions_cover_every_assignment():
+    covered = {load_wrong(path)["assignment"] for path in WRONG}
+    assert covered == set(ASSIGNMENTS), f"wrong submissions cover {covered}, not all of {ASSIGNMENTS}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Integration tests: autograde with nbgrader
+
+
+@pytest.fixture(scope="session")
+def graded(tmp_path_factory):
+    """Autograde, per assignment, the solution, the unedited release and every wrong submission.
+
+    Returns {assignment: {student: {grade_id: (score, max_score)}}} and keeps each course directory
+    under `graded.courses`. The three assignments are graded at the same time, each in its own course
+    directory (and gradebook).
+    """
+    from nbgrader.api import Gradebook
+
+    base = tmp_path_factory.mktemp("nbgrader")
+    courses, runs = {}, {}
+    for assignment, notebook in ASSIGNMENTS.items():
+        course = new_course(base / assignment)
+        check(run_nbgrader(course, "generate_assignment", assignment, "--force"),
+              f"nbgrader generate_assignment {assignment}")
+        students = {"solution": solution_notebook(assignment),
+                    "unedited": nbformat.read(course / "exercises" / assignment / f"{notebook}.ipynb",
+                                              as_version=4)}
+        for path in WRONG:
+            case = load_wrong(path)
+            if case["assignment"] == assignment:
+                students[case["student"]] = submission(assignment, case["answers"])
+        for student, nb in students.items():
+            folder = course / "submitted" / student / assignment
+            folder.mkdir(parents=True)
+            nbformat.write(nb, folder / f"{notebook}.ipynb")
+        env = dict(os.environ, PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"])
+        runs[assignment] = subprocess.Popen(
+            [sys.executable, "-m", "nbgrader", "autograde", assignment, "--force"], cwd=course, env=env,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        courses[assignment] = course
+    scores = {}
+    for assignment, run in runs.items():
+        log, _ = run.communicate(timeout=1800)
+        assert run.returncode == 0, f"nbgrader autograde {assignment} failed:\n{log[-6000:]}"
+        notebook = ASSIGNMENTS[assignment]
+        with Gradebook(f"sqlite:///{courses[assignment] / 'gradebook.db'}") as gradebook:
+            scores[assignment] = {
+                student.id: {grade.name: (grade.score, grade.max_score)
+                             for grade in gradebook.find_submission_notebook(
+                                 notebook, assignment, student.id).grades}
+                for student in gradebook.students}
+    scores = _Graded(scores)
+    scores.courses = courses
+    return scores
+
+
+class _Graded(dict):
+    courses: dict
+
+
+def autograded_notebook(graded, assignment: str, student: str):
+    path = (graded.courses[assignment] / "autograded" / student / assignment
+            / f"{ASSIGNMENTS[assignment]}.ipynb")
+    return nbformat.read(path, as_version=4)
+
+
+def describe(scores: dict) -> str:
+    return "\n".join(f"  {grade_id}: {score:g} of {top:g}" for grade_id, (score, top) in scores.items())
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("assignment", sorted(ASSIGNMENTS))
+def test_solution_gets_full_marks(graded, assignment):
+    scores = graded[assignment]["solution"]
+    assert set(scores) == set(grade_cells(solution_notebook(assignment))), scores
+    lost = {k: v for k, v in scores.items() if v[0] != v[1]}
+    assert not lost, f"the solution of {assignment} lost points:\n{describe(lost)}"
+    nb = autograded_notebook(graded, assignment, "solution")
+    for grade_id, cell in grade_cells(nb).items():
+        printed = "".join(out.get("text", "") for out in cell.outputs)
+        assert not any(out.output_type == "error" or out.get("name") == "stderr"
+                       for out in cell.outputs), f"{grade_id}: error or stderr output"
+        if grade_id.endswith("_gpu"):
+            # Without CUDA a GPU cell says it skipped its GPU part; with CUDA it must not skip.
+            assert ("SKIPPED" in printed) == (not torch.cuda.is_available()), (
+                f"{grade_id} printed {printed!r}")
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("assignment", sorted(ASSIGNMENTS))
+def test_unedited_release_scores_zero(graded, assignment):
+    scores = graded[assignment]["unedited"]
+    earned = {k: v for k, v in scores.items() if v[0] != 0}
+    assert not earned, f"the unedited release of {assignment} earned points:\n{describe(earned)}"
+    assert sum(top for _, top in scores.values()) > 0
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("path", WRONG, ids=[f"{p.parent.name}/{p.stem}" for p in WRONG])
+def test_wrong_submission_loses_exactly_its_points(graded, path):
+    case = load_wrong(path)
+    scores = graded[case["assignment"]][case["student"]]
+    losses = expected_losses(case, torch.cuda.is_available())
+    expected = {grade_id: (top - losses.get(grade_id, 0), top) for grade_id, (_, top) in scores.items()}
+    assert scores == expected, (
+        f"{case['name']} ({case['mistake'].strip()})\nexpected:\n{describe(expected)}\n"
+        f"got:\n{describe(scores)}")
+
+
+@pytest.mark.integration
+@pytest.mark.gpu
+def test_timer_without_synchronize_fails_on_a_gpu(graded):
+    scores = graded["benchmark"]["wrong_no_synchronize"]
+    assert scores["benchmark_gpu"][0] == 0, (
+        f"a Benchmark that never synchronizes should fail the GPU test; it scored {scores}")
+    assert graded["benchmark"]["solution"]["benchmark_gpu"][0] == 2
