@@ -8,6 +8,13 @@ and ``gradebook`` (nbgrader's database). ``grade`` strings them together for one
 submission (:func:`autograder.grade.grade_submission`) or many; ``kernels`` starts
 the kernels; ``check`` is the learner's own test run; ``cli`` is ``python -m autograder``.
 """
-from .grade import GradeOptions, SubmissionResult, grade_all, grade_submission
-
 __all__ = ["GradeOptions", "SubmissionResult", "grade_all", "grade_submission"]
+
+
+def __getattr__(name: str):
+    # Imported on first use: `python -m autograder` starts its fork server before
+    # paying for nbformat, papermill and friends.
+    if name in __all__:
+        from . import grade
+        return getattr(grade, name)
+    raise AttributeError(f"module 'autograder' has no attribute {name!r}")

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from .execute import Limits, execute
-from .judge import MANUAL, PARTIAL, PASSED, SKIPPED, TestResult, judge
+from .judge import HIDDEN_ONLY, MANUAL, PARTIAL, PASSED, SKIPPED, TestResult, judge
 from .layout import read_submission
 from .rebuild import grade_id_of, is_test, rebuild
 
@@ -71,11 +71,17 @@ def check(notebook: Path, source: Optional[Path] = None, device: str = "cpu",
                         parameters={"autograder_device": device, "autograder_profile": profile},
                         limits=limits, env=env)
     tests = judge(execution.notebook, rebuilt.tests, rebuilt.manual, stopped=execution.message)
+    # A released test cell that is empty held only hidden tests: nothing to check here.
+    sources = {cell.get("id"): cell.source for cell in rebuilt.notebook.cells}
+    empty = {t.grade_id for t in rebuilt.tests if not sources.get(t.cell_id, "").strip()}
+    tests = [TestResult(t.grade_id, t.max_score, 0.0, HIDDEN_ONLY,
+                        "Hidden tests only: they run when your work is graded.")
+             if t.grade_id in empty else t for t in tests]
     return CheckReport(notebook=notebook, tests=tests, seconds=execution.seconds, device=device,
                        problem="" if execution.completed else execution.message, edited=edited)
 
 
-MARKS = {PASSED: "PASS", PARTIAL: "PART", SKIPPED: "SKIP", MANUAL: "TODO"}
+MARKS = {PASSED: "PASS", PARTIAL: "PART", SKIPPED: "SKIP", MANUAL: "TODO", HIDDEN_ONLY: "HIDE"}
 
 
 def render(report: CheckReport) -> str:

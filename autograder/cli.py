@@ -9,8 +9,6 @@ import time
 from pathlib import Path
 from typing import List, Optional
 
-from .execute import Limits
-
 DEFAULT_TIMEOUT = 900.0       # seconds per notebook
 DEFAULT_CELL_TIMEOUT = 300.0  # seconds per cell (never more than the notebook's)
 
@@ -86,7 +84,27 @@ def _quiet_libraries() -> None:
         logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
+def _start_fork_server(args: argparse.Namespace):
+    """Start the fork server first: it imports in the background while we import."""
+    from .kernels import ForkServer, fork_supported, notebook_imports
+    from .layout import Course
+    if args.kernel != "fork" or not fork_supported():
+        return None
+    folder = Course.discover(args.course).assignment_path(args.assignment)
+    return ForkServer(notebook_imports(sorted(folder.glob("*.ipynb"))))
+
+
 def run_grade(args: argparse.Namespace) -> int:
+    server = _start_fork_server(args)
+    try:
+        return _grade(args, server)
+    finally:
+        if server is not None:
+            server.close()
+
+
+def _grade(args: argparse.Namespace, server) -> int:
+    from .execute import Limits
     from .grade import GradeOptions, grade_all, resolve_device
     from .layout import Course, find_submissions
     from .report import status_counts, summary, write_grades_csv, write_submission
@@ -98,7 +116,7 @@ def run_grade(args: argparse.Namespace) -> int:
     except FileNotFoundError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    device = resolve_device(args.device)
+    device = resolve_device(args.device, server)
     profile = args.profile if args.profile != "auto" else ("full" if device == "cuda" else "quick")
     limits = Limits(cell=min(args.cell_timeout, args.timeout), notebook=args.timeout)
     threads = max(1, available_cores() // args.jobs)
@@ -132,7 +150,7 @@ def run_grade(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     try:
         results = grade_all(submissions, sources, options, jobs=args.jobs, kernel=args.kernel,
-                            on_result=on_result)
+                            on_result=on_result, fork_server=server)
     finally:
         bar.close()
         if writer is not None:
@@ -147,6 +165,7 @@ def run_grade(args: argparse.Namespace) -> int:
 
 def run_check(args: argparse.Namespace) -> int:
     from .check import check, render
+    from .execute import Limits
     from .grade import resolve_device
     try:
         report = check(args.notebook, source=args.source, device=resolve_device(args.device),

@@ -69,6 +69,29 @@ def _prepare_for_papermill(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
     return nb
 
 
+def _mark_timeout(cell, execute_reply, **_) -> None:
+    """After a per-cell timeout the cell shows the KeyboardInterrupt our interrupt caused;
+    say what really happened instead (nbclient only puts it in the reply)."""
+    content = (execute_reply or {}).get("content", {})
+    if content.get("ename") != TIMEOUT_ENAME:
+        return
+    cell.outputs = [o for o in cell.get("outputs", [])
+                    if not (o.get("output_type") == "error" and o.get("ename") == "KeyboardInterrupt")]
+    cell.outputs.append(nbformat.v4.new_output(
+        "error", ename=TIMEOUT_ENAME, evalue=content.get("evalue", ""), traceback=[]))
+
+
+def _last_started(nb: nbformat.NotebookNode) -> str:
+    """Name the last cell the kernel began to run (by its nbgrader grade_id if it has one)."""
+    started = [(i, c) for i, c in enumerate(nb.cells)
+               if c.cell_type == "code" and c.get("execution_count") is not None]
+    if not started:
+        return "the first cell"
+    index, cell = started[-1]
+    grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
+    return f"cell {grade_id!r}" if grade_id else f"cell {index + 1}"
+
+
 def execute(nb: nbformat.NotebookNode, workdir: Path, *, parameters: Dict[str, object],
             limits: Limits = Limits(), env: Optional[Dict[str, str]] = None,
             fork_server: Optional[ForkServer] = None, threads: Optional[int] = None,
@@ -107,9 +130,11 @@ def execute(nb: nbformat.NotebookNode, workdir: Path, *, parameters: Dict[str, o
                 "traceback": [],
             },
             shutdown_kernel="immediate",
+            on_cell_executed=_mark_timeout,
         )
-    except DeadKernelError as error:
-        ended, message = "kernel-died", f"the kernel died ({error})"
+    except DeadKernelError:
+        ended = "kernel-died"
+        message = f"the kernel died while running {_last_started(nb)} (it exited, crashed or ran out of memory)"
     except Exception as error:  # nbclient/jupyter_client errors: start-up failures, timeouts
         if launch.manager is None or not getattr(launch.manager, "has_kernel", True):
             ended = "failed-to-start"
@@ -123,7 +148,7 @@ def execute(nb: nbformat.NotebookNode, workdir: Path, *, parameters: Dict[str, o
     if launch.killed:
         ended = "notebook-timeout"
         message = f"the notebook ran longer than the {limits.notebook:g} s limit and was stopped"
-    if ended == "kernel-died" and log and Path(log).exists():
+    if ended == "failed-to-start" and log and Path(log).exists():
         tail = [line for line in Path(log).read_text(errors="replace").splitlines() if line.strip()]
         if tail:
             message += f"; kernel stderr: {tail[-1][:200]}"

@@ -23,7 +23,7 @@ import nbformat
 
 from .execute import TIMEOUT_ENAME, Execution, Limits, execute
 from .judge import FAILED, MANUAL, NOT_RUN, PARTIAL, PASSED, SKIPPED, TestResult, judge
-from .kernels import ForkServer, fork_supported, importable, imported_modules
+from .kernels import ForkServer, fork_supported, notebook_imports
 from .layout import SourceNotebook, Submission, read_submission
 from .rebuild import Rebuilt, rebuild
 
@@ -65,12 +65,18 @@ class SubmissionResult:
         return sum(t.outcome in outcomes for t in self.tests)
 
 
-def resolve_device(requested: str = "auto") -> str:
-    """``auto`` -> ``cuda`` when PyTorch sees a CUDA GPU, else ``cpu``."""
+def resolve_device(requested: str = "auto", fork_server: Optional[ForkServer] = None) -> str:
+    """``auto`` -> ``cuda`` when PyTorch sees a CUDA GPU, else ``cpu``.
+
+    With a fork server, it is asked (it has PyTorch imported already, and probes in a
+    throwaway child); else PyTorch is imported here.
+    """
     if requested in ("cpu", "cuda"):
         return requested
     if requested != "auto":
         raise ValueError(f"device must be auto, cpu or cuda, got {requested!r}")
+    if fork_server is not None:
+        return "cuda" if fork_server.cuda_available() else "cpu"
     try:
         import torch
         return "cuda" if torch.cuda.is_available() else "cpu"
@@ -122,6 +128,10 @@ def _timed_out_cells(nb: nbformat.NotebookNode) -> int:
                for cell in nb.cells if cell.get("cell_type") == "code")
 
 
+def _points(value: float) -> str:
+    return f"{value:g} point" + ("" if value == 1 else "s")
+
+
 def _summary(result: SubmissionResult, execution: Optional[Execution], notes: List[str]) -> str:
     parts = []
     if execution is not None and not execution.completed:
@@ -139,11 +149,11 @@ def _summary(result: SubmissionResult, execution: Optional[Execution], notes: Li
         parts.append(f"{result.count(NOT_RUN)} not run")
     skipped = [t for t in result.tests if t.outcome == SKIPPED]
     if skipped:
-        parts.append(f"{len(skipped)} GPU-only test(s) worth {sum(t.max_score for t in skipped):g} "
-                     "points skipped on the CPU")
+        parts.append(f"{len(skipped)} GPU-only test(s) worth "
+                     f"{_points(sum(t.max_score for t in skipped))} skipped on the CPU")
     manual = [t for t in result.tests if t.outcome == MANUAL]
     if manual:
-        parts.append(f"{sum(t.max_score for t in manual):g} points left to grade by hand")
+        parts.append(f"{_points(sum(t.max_score for t in manual))} left to grade by hand")
     parts.extend(notes)
     return "; ".join(parts)
 
@@ -206,30 +216,27 @@ def grade_submission(submission: Submission, source: Optional[SourceNotebook],
     return finish(result)
 
 
-def preload_for(sources: Iterable[SourceNotebook]) -> List[str]:
-    """Modules the instructor's notebooks import (read-only and test cells, stubs)."""
-    code = [cell.source for source in sources for cell in source.graded_view.cells
-            if cell.cell_type == "code"]
-    return importable(imported_modules(code))
-
-
 def grade_all(submissions: List[Submission], sources: Dict[str, SourceNotebook],
               options: GradeOptions = GradeOptions(), jobs: int = 1, kernel: str = "fork",
-              on_result: Optional[Callable[[SubmissionResult], None]] = None
-              ) -> List[SubmissionResult]:
+              on_result: Optional[Callable[[SubmissionResult], None]] = None,
+              fork_server: Optional[ForkServer] = None) -> List[SubmissionResult]:
     """Grade every submission, ``jobs`` at a time; ``on_result`` sees each as it finishes.
 
     ``kernel="fork"`` starts kernels from a fork server that has already imported what
     the instructor's notebooks import (see :mod:`.kernels`); ``"fresh"`` starts each
     kernel as a new interpreter. Either way each submission runs in its own process.
+    A ``fork_server`` already started by the caller is used (and left running).
     Results come back in the order of ``submissions``.
     """
     if kernel not in ("fork", "fresh"):
         raise ValueError(f"kernel must be 'fork' or 'fresh', got {kernel!r}")
     jobs = max(1, int(jobs))
-    server = None
-    if kernel == "fork" and fork_supported() and submissions:
-        server = ForkServer(preload_for(sources.values()))
+    for source in sources.values():
+        source.graded_view  # computed once here, not concurrently in the threads
+    server, own_server = (fork_server if kernel == "fork" else None), False
+    if kernel == "fork" and server is None and fork_supported() and submissions:
+        server = ForkServer(notebook_imports(s.path for s in sources.values()))
+        own_server = True
     results: Dict[int, SubmissionResult] = {}
     try:
         with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="grade") as pool:
@@ -249,6 +256,6 @@ def grade_all(submissions: List[Submission], sources: Dict[str, SourceNotebook],
                 if on_result is not None:
                     on_result(result)
     finally:
-        if server is not None:
+        if own_server:
             server.close()
     return [results[i] for i in range(len(submissions))]

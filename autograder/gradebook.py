@@ -16,6 +16,8 @@ own ``SaveCells``, exactly as ``generate_assignment`` would.
 """
 from __future__ import annotations
 
+import contextlib
+import warnings
 from pathlib import Path
 from typing import Dict
 
@@ -24,6 +26,31 @@ from .judge import MANUAL, SKIPPED
 from .layout import SourceNotebook
 
 DEFAULT_DB_URL = "sqlite:///gradebook.db"
+
+
+def _alembic_head() -> str:
+    """The schema version nbgrader stamps a new gradebook with, found in-process.
+
+    nbgrader finds it by running the ``alembic`` command, which costs an interpreter
+    start and fails where the virtualenv's bin/ is not on PATH.
+    """
+    import nbgrader
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
+    config = Config()
+    config.set_main_option("script_location", str(Path(nbgrader.__file__).parent / "alembic"))
+    return ScriptDirectory.from_config(config).get_current_head()
+
+
+@contextlib.contextmanager
+def _in_process_alembic():
+    import nbgrader.api
+    original = nbgrader.api.get_alembic_version
+    nbgrader.api.get_alembic_version = _alembic_head
+    try:
+        yield
+    finally:
+        nbgrader.api.get_alembic_version = original
 
 
 def db_url(value: str) -> str:
@@ -40,7 +67,8 @@ class GradebookWriter:
         from nbgrader.api import Gradebook
         self.url = db_url(url)
         self.course_id = course_id
-        self.gradebook = Gradebook(self.url, course_id)
+        with _in_process_alembic():
+            self.gradebook = Gradebook(self.url, course_id)
 
     def close(self) -> None:
         self.gradebook.close()
@@ -75,14 +103,22 @@ class GradebookWriter:
         sub = result.submission
         gb.update_or_create_student(sub.student_id)
         stamp = sub.timestamp()
-        if stamp is not None:
-            gb.update_or_create_submission(sub.assignment, sub.student_id, timestamp=stamp)
-        else:
-            gb.update_or_create_submission(sub.assignment, sub.student_id)
+        with warnings.catch_warnings():
+            # nbgrader's add_submission trips SQLAlchemy 2's autoflush warnings; harmless
+            warnings.simplefilter("ignore", category=Warning)
+            if stamp is not None:
+                gb.update_or_create_submission(sub.assignment, sub.student_id, timestamp=stamp)
+            else:
+                gb.update_or_create_submission(sub.assignment, sub.student_id)
         try:
             notebook = gb.find_submission_notebook(sub.notebook, sub.assignment, sub.student_id)
         except MissingEntry:
             return  # a notebook the assignment does not have: nothing to record it under
+        self._store(notebook, result)
+        gb.db.commit()
+
+    @staticmethod
+    def _store(notebook, result: SubmissionResult) -> None:
         by_id = {t.grade_id: t for t in result.tests}
         for grade in notebook.grades:
             test = by_id.get(grade.name)
@@ -101,4 +137,3 @@ class GradebookWriter:
         for comment in notebook.comments:
             answered = result.answered.get(comment.name)
             comment.auto_comment = "No response." if answered is False else None
-        gb.db.commit()

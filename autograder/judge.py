@@ -34,24 +34,25 @@ ARROW = re.compile(r"^\s*-*>\s*\d+\s(.*)$")  # IPython's "----> 3 assert x == 1"
 NUMBER = re.compile(r"^(?:np\.\w+\(|numpy\.\w+\()?\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*\)?$")
 MAX_OUTPUT = 2000
 
-PASSED, PARTIAL, FAILED, NOT_RUN, SKIPPED, MANUAL = (
-    "passed", "partial", "failed", "not-run", "skipped", "manual")
+PASSED, PARTIAL, FAILED, NOT_RUN, SKIPPED, MANUAL, HIDDEN_ONLY = (
+    "passed", "partial", "failed", "not-run", "skipped", "manual", "hidden-only")
 
 
 @dataclass(frozen=True)
 class TestResult:
     """The verdict on one test cell (or one manually graded cell)."""
+    __test__ = False  # not a pytest test class
     grade_id: str
     max_score: float
     score: float
-    outcome: str       # passed, partial, failed, not-run, skipped or manual
+    outcome: str       # passed, partial, failed, not-run, skipped, manual or hidden-only
     output: str        # feedback for the learner (no hidden test source)
     hidden: bool = False
 
     @property
     def counts(self) -> bool:
         """Whether this test is part of the score and the maximum of this run."""
-        return self.outcome not in (SKIPPED, MANUAL)
+        return self.outcome not in (SKIPPED, MANUAL, HIDDEN_ONLY)
 
     @property
     def visibility(self) -> str:

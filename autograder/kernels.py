@@ -71,6 +71,25 @@ def imported_modules(sources: Iterable[str]) -> List[str]:
     return names
 
 
+def notebook_imports(paths: Iterable[Path]) -> List[str]:
+    """Installed modules that the code cells of these notebooks import.
+
+    The files are read as plain JSON (no nbformat), so the fork server can be started
+    before the grader has done its own, slow imports.
+    """
+    code = []
+    for path in paths:
+        try:
+            nb = json.loads(Path(path).read_text())
+        except (OSError, ValueError):
+            continue
+        for cell in nb.get("cells", []):
+            if isinstance(cell, dict) and cell.get("cell_type") == "code":
+                source = cell.get("source", "")
+                code.append("".join(source) if isinstance(source, list) else str(source))
+    return importable(imported_modules(code))
+
+
 def importable(names: Iterable[str]) -> List[str]:
     """The names that are installed modules (so the fork server can import them)."""
     found = []
@@ -145,6 +164,26 @@ def _become_kernel(request: dict, server_pid: int) -> None:
     app.start()
 
 
+def _probe_cuda() -> bool:
+    """Whether PyTorch sees a CUDA GPU, asked in a throwaway child: CUDA, once initialised,
+    does not survive fork(), so the server itself must never touch it."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        answer = b"0"
+        try:
+            import torch
+            answer = b"1" if torch.cuda.is_available() else b"0"
+        except BaseException:
+            pass
+        finally:
+            os.write(write_end, answer)
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as pipe:
+        return pipe.read(1) == b"1"
+
+
 def serve(preload: Iterable[str], stdin=None, stdout=None) -> None:
     """The fork server's loop: one JSON request per line in, one JSON reply per line out."""
     stdin = stdin or sys.stdin
@@ -160,6 +199,9 @@ def serve(preload: Iterable[str], stdin=None, stdout=None) -> None:
     for line in stdin:
         try:
             request = json.loads(line)
+            if request.get("op") == "probe-cuda":
+                reply({"cuda": _probe_cuda()})
+                continue
             pid = os.fork()
         except Exception as error:
             reply({"error": f"{type(error).__name__}: {error}"})
@@ -201,12 +243,37 @@ class ForkServer:
             [sys.executable, "-c", bootstrap, "--preload", ",".join(self.preload)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
             cwd=os.path.abspath(os.sep))
+        self.pid: Optional[int] = None
+        self.preloaded: List[str] = []
+        self.failed: Dict[str, str] = {}
+        # The server imports in the background; the first request waits for it.
+
+    def wait_ready(self) -> "ForkServer":
+        """Block until the server has done its imports (at most once)."""
+        with self._lock:
+            self._wait_ready_locked()
+        return self
+
+    def _wait_ready_locked(self) -> None:
+        if self.pid is not None:
+            return
         hello = self._read()
         if not hello.get("ready"):
             raise RuntimeError(f"fork server failed to start: {hello}")
         self.pid = hello["pid"]
-        self.preloaded: List[str] = hello["preloaded"]
-        self.failed: Dict[str, str] = hello["failed"]
+        self.preloaded = hello["preloaded"]
+        self.failed = hello["failed"]
+
+    def _ask(self, request: dict) -> dict:
+        with self._lock:
+            self._wait_ready_locked()
+            self.process.stdin.write(json.dumps(request) + "\n")
+            self.process.stdin.flush()
+            return self._read()
+
+    def cuda_available(self) -> bool:
+        """Whether PyTorch sees a CUDA GPU (probed in a throwaway child of the server)."""
+        return bool(self._ask({"op": "probe-cuda"}).get("cuda"))
 
     def _read(self) -> dict:
         line = self.process.stdout.readline()
@@ -216,11 +283,8 @@ class ForkServer:
 
     def fork(self, argv: List[str], cwd: str, env: Dict[str, str],
              threads: Optional[int] = None, log: Optional[str] = None) -> int:
-        request = {"argv": argv, "cwd": cwd, "env": env, "threads": threads, "log": log}
-        with self._lock:
-            self.process.stdin.write(json.dumps(request) + "\n")
-            self.process.stdin.flush()
-            answer = self._read()
+        answer = self._ask({"argv": argv, "cwd": cwd, "env": env, "threads": threads,
+                            "log": log})
         if "error" in answer:
             raise RuntimeError(f"fork server could not start a kernel: {answer['error']}")
         return int(answer["pid"])

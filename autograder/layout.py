@@ -16,9 +16,10 @@ import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import TYPE_CHECKING, Dict, List, Optional
 
-import nbformat
+if TYPE_CHECKING:  # nbformat is imported where it is used: starting up stays quick
+    import nbformat
 
 DEFAULT_SOURCE_DIRECTORY = "solutions"
 IGNORED = re.compile(r"^(\.|__pycache__$)")  # .ipynb_checkpoints, .DS_Store, caches
@@ -58,15 +59,18 @@ class SourceNotebook:
     assignment: str
     name: str
     path: Path
-    notebook: nbformat.NotebookNode = field(repr=False)
+    notebook: "nbformat.NotebookNode" = field(repr=False)
+    config: object = field(default=None, repr=False)  # the course's nbgrader (traitlets) config
 
     @classmethod
-    def read(cls, path: Path, assignment: str) -> "SourceNotebook":
+    def read(cls, path: Path, assignment: str, config=None) -> "SourceNotebook":
+        import nbformat
         nb = nbformat.read(str(path), as_version=4)
-        return cls(assignment=assignment, name=Path(path).stem, path=Path(path), notebook=nb)
+        return cls(assignment=assignment, name=Path(path).stem, path=Path(path), notebook=nb,
+                   config=config)
 
     @functools.cached_property
-    def graded_view(self) -> nbformat.NotebookNode:
+    def graded_view(self) -> "nbformat.NotebookNode":
         """The notebook as ``nbgrader generate_assignment`` records it in the gradebook.
 
         nbgrader's own preprocessors replace each solution region by the released stub
@@ -76,10 +80,12 @@ class SourceNotebook:
         """
         from nbgrader.preprocessors import (ClearOutput, ClearSolutions, ComputeChecksums,
                                             LockCells)
+        from traitlets.config import Config
+        config = self.config if self.config is not None else Config()
         nb = copy.deepcopy(self.notebook)
         resources: Dict[str, object] = {}
-        for step in (LockCells(), ClearSolutions(), ClearOutput(), ComputeChecksums()):
-            nb, resources = step.preprocess(nb, resources)
+        for step in (LockCells, ClearSolutions, ClearOutput, ComputeChecksums):
+            nb, resources = step(config=config).preprocess(nb, resources)
         return nb
 
     def support_files(self) -> List[Path]:
@@ -96,12 +102,13 @@ class Course:
     root: Path
     source_directory: str = DEFAULT_SOURCE_DIRECTORY
     course_id: str = ""  # nbgrader's CourseDirectory.course_id (the gradebook's course)
+    config: object = field(default=None, repr=False)  # everything nbgrader_config.py sets
 
     @classmethod
     def discover(cls, root: Path = Path(".")) -> "Course":
         """Read ``CourseDirectory.source_directory`` from ``root/nbgrader_config.py`` if set."""
         root = Path(root).resolve()
-        source, course_id = DEFAULT_SOURCE_DIRECTORY, ""
+        source, course_id, config = DEFAULT_SOURCE_DIRECTORY, "", None
         config_file = root / "nbgrader_config.py"
         if config_file.is_file():
             from traitlets.config.loader import PyFileConfigLoader
@@ -111,7 +118,7 @@ class Course:
             course_id = course_dir.get("course_id", course_id)
             if "root" in course_dir:
                 root = (root / course_dir["root"]).resolve()
-        return cls(root=root, source_directory=source, course_id=course_id)
+        return cls(root=root, source_directory=source, course_id=course_id, config=config)
 
     @property
     def source_path(self) -> Path:
@@ -126,7 +133,7 @@ class Course:
         if not folder.is_dir():
             raise FileNotFoundError(
                 f"no assignment {assignment!r}: {folder} is not a directory")
-        notebooks = {p.stem: SourceNotebook.read(p, assignment)
+        notebooks = {p.stem: SourceNotebook.read(p, assignment, self.config)
                      for p in sorted(folder.glob("*.ipynb"))}
         if not notebooks:
             raise FileNotFoundError(f"assignment {assignment!r} has no notebooks in {folder}")
@@ -158,8 +165,9 @@ def find_submissions(submitted: Path, assignment: str,
     return found
 
 
-def read_submission(path: Path) -> nbformat.NotebookNode:
+def read_submission(path: Path) -> "nbformat.NotebookNode":
     """Read a learner's notebook; ``ValueError`` with a one-line reason when it is not one."""
+    import nbformat
     try:
         nb = nbformat.read(str(path), as_version=4)
     except FileNotFoundError:

@@ -40,6 +40,7 @@ KERNELSPEC = {"name": "python3", "display_name": "Python 3 (ipykernel)", "langua
 @dataclass(frozen=True)
 class TestCell:
     """An autograded test cell of the rebuilt notebook."""
+    __test__ = False  # not a pytest test class
     grade_id: str
     points: float
     cell_id: str
@@ -201,7 +202,7 @@ def rebuild(reference: nbformat.NotebookNode, submitted: nbformat.NotebookNode, 
                 if is_test(ref):
                     given = cell.get("source", "")
                     given = "".join(given) if isinstance(given, list) else given
-                    if given.strip() != visible_part(ref.source).strip():
+                    if given.strip() not in (visible_part(ref.source).strip(), ref.source.strip()):
                         notes.append(f"test cell {gid!r} was edited: the original was used")
                 body.append((gid, _trusted(ref)))
         else:

@@ -6,12 +6,16 @@ use the loopback device. Every wait has a timeout, so a failed or stuck worker
 ends the run with an error instead of hanging the notebook.
 
 Functions that run inside the worker processes live in this module (not in a
-notebook) because ``torch.multiprocessing`` starts workers with ``spawn``,
-which pickles the function *by name* and imports it again in the new process.
+notebook): workers are started with ``spawn`` or ``forkserver``, which pickle
+the function *by name* and import it again in the new process. On Linux the
+launcher uses ``forkserver`` with this module preloaded: the server process
+imports torch once, and every worker after that is a cheap ``fork`` of it
+(``spawn`` would import torch afresh in every worker, seconds each).
 """
 from __future__ import annotations
 
 import io
+import multiprocessing
 import os
 import pickle
 import queue as queue_module
@@ -74,6 +78,15 @@ def init_process_group(rank: int, world_size: int, port: int, backend: str = "gl
                             timeout=timedelta(seconds=timeout))
 
 
+def start_method() -> str:
+    """'forkserver' (with this module preloaded) where the platform has it, else 'spawn'."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return "spawn"
+    # Takes effect when the fork server starts (at the first launch); harmless after.
+    mp.get_context("forkserver").set_forkserver_preload([__name__])
+    return "forkserver"
+
+
 def _worker_entry(rank: int, fn: Callable, world_size: int, port: int, backend: Optional[str],
                   args: tuple, results, timeout: float, threads: int) -> None:
     torch.set_num_threads(threads)
@@ -95,7 +108,7 @@ def run_workers(fn: Callable, world_size: int, args: Sequence = (), *,
     """Run ``fn(rank, world_size, *args)`` in ``world_size`` new processes; their results by rank.
 
     ``fn`` must be importable (defined at the top level of a module) because the
-    workers are started with ``spawn``. With a ``backend`` ('gloo' for CPU
+    workers are started with ``forkserver`` or ``spawn`` (see :func:`start_method`). With a ``backend`` ('gloo' for CPU
     tensors, 'nccl' for GPUs) every worker first joins a process group that
     rendezvouses on a free port of 127.0.0.1; with ``backend=None`` it does not.
     ``threads`` is each worker's intra-op thread count (default: the cores
@@ -105,12 +118,13 @@ def run_workers(fn: Callable, world_size: int, args: Sequence = (), *,
     if world_size < 1:
         raise ValueError(f"world_size must be at least 1, got {world_size}")
     threads = threads or max(1, (os.cpu_count() or 1) // world_size)
-    context = mp.get_context("spawn")
+    method = start_method()
+    context = mp.get_context(method)
     results = context.Queue()
     port = free_port()
     processes = mp.start_processes(
         _worker_entry, args=(fn, world_size, port, backend, tuple(args), results, timeout, threads),
-        nprocs=world_size, join=False, start_method="spawn")
+        nprocs=world_size, join=False, start_method=method)
     collected: Dict[int, object] = {}
     deadline = time.monotonic() + timeout
 

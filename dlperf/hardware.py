@@ -183,7 +183,7 @@ class CpuPeakEstimate:
         return self.cores * self.ghz * self.flop_per_cycle
 
     def describe(self) -> str:
-        return (f"rough estimate {self.gflops:.0f} GFLOP/s = {self.cores} cores x "
+        return (f"rough estimate {self.gflops:.0f} GFLOP/s = {self.cores} core{'s' if self.cores != 1 else ''} x "
                 f"{self.ghz:.2f} GHz (clock the OS reports) x {self.flop_per_cycle} FP32 FLOP/cycle "
                 f"({self.assumption})")
 

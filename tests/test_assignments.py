@@ -65,11 +65,15 @@ def release_notebook(assignment: str):
     return nbformat.read(EXERCISES / assignment / f"{ASSIGNMENTS[assignment]}.ipynb", as_version=4)
 
 
+def nbgrader_env() -> dict:
+    # nbgrader creates its gradebook by running the `alembic` program it installs next to Python,
+    # which it looks up on PATH.
+    return dict(os.environ, PATH=str(Path(sys.executable).parent) + os.pathsep
+                + os.environ.get("PATH", ""))
+
+
 def run_nbgrader(course: Path, *args: str, timeout: int = 1200) -> subprocess.CompletedProcess:
-    env = dict(os.environ)
-    # nbgrader creates its gradebook by running the `alembic` executable found on PATH.
-    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
-    return subprocess.run([sys.executable, "-m", "nbgrader", *args], cwd=course, env=env,
+    return subprocess.run([sys.executable, "-m", "nbgrader", *args], cwd=course, env=nbgrader_env(),
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -135,9 +139,8 @@ def test_every_assignment_has_a_solution_and_a_release():
 
 def test_release_is_exactly_what_nbgrader_generates(tmp_path):
     course = new_course(tmp_path / "course")
-    for assignment in ASSIGNMENTS:
-        check(run_nbgrader(course, "generate_assignment", assignment, "--force"),
-              f"nbgrader generate_assignment {assignment}")
+    check(run_nbgrader(course, "generate_assignment", "*", "--force"),
+          "nbgrader generate_assignment '*'")
     generated = sorted(p.relative_to(course / "exercises") for p in (course / "exercises").rglob("*")
                        if p.is_file())
     committed = sorted(p.relative_to(EXERCISES) for p in EXERCISES.rglob("*") if p.is_file())
@@ -247,20 +250,27 @@ def test_wrong_submissions_cover_every_assignment():
 # Integration tests: autograde with nbgrader
 
 
+class Graded(dict):
+    """{assignment: {student: {grade_id: (score, max_score)}}}, with each course directory."""
+
+    def __init__(self, scores: dict, courses: dict):
+        super().__init__(scores)
+        self.courses = courses
+
+
 @pytest.fixture(scope="session")
-def graded(tmp_path_factory):
+def graded(tmp_path_factory) -> Graded:
     """Autograde, per assignment, the solution, the unedited release and every wrong submission.
 
-    Returns {assignment: {student: {grade_id: (score, max_score)}}} and keeps each course directory
-    under `graded.courses`. The three assignments are graded at the same time, each in its own course
-    directory (and gradebook).
+    The three assignments are graded at the same time, each in a course directory (and gradebook)
+    of its own.
     """
     from nbgrader.api import Gradebook
 
     base = tmp_path_factory.mktemp("nbgrader")
     courses, runs = {}, {}
     for assignment, notebook in ASSIGNMENTS.items():
-        course = new_course(base / assignment)
+        course = courses[assignment] = new_course(base / assignment)
         check(run_nbgrader(course, "generate_assignment", assignment, "--force"),
               f"nbgrader generate_assignment {assignment}")
         students = {"solution": solution_notebook(assignment),
@@ -274,14 +284,16 @@ def graded(tmp_path_factory):
             folder = course / "submitted" / student / assignment
             folder.mkdir(parents=True)
             nbformat.write(nb, folder / f"{notebook}.ipynb")
-        env = dict(os.environ, PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"])
         runs[assignment] = subprocess.Popen(
-            [sys.executable, "-m", "nbgrader", "autograde", assignment, "--force"], cwd=course, env=env,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        courses[assignment] = course
+            [sys.executable, "-m", "nbgrader", "autograde", assignment, "--force"], cwd=course,
+            env=nbgrader_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     scores = {}
     for assignment, run in runs.items():
-        log, _ = run.communicate(timeout=1800)
+        try:
+            log, _ = run.communicate(timeout=1800)
+        except subprocess.TimeoutExpired:
+            run.kill()
+            log, _ = run.communicate()
         assert run.returncode == 0, f"nbgrader autograde {assignment} failed:\n{log[-6000:]}"
         notebook = ASSIGNMENTS[assignment]
         with Gradebook(f"sqlite:///{courses[assignment] / 'gradebook.db'}") as gradebook:
@@ -290,13 +302,7 @@ def graded(tmp_path_factory):
                              for grade in gradebook.find_submission_notebook(
                                  notebook, assignment, student.id).grades}
                 for student in gradebook.students}
-    scores = _Graded(scores)
-    scores.courses = courses
-    return scores
-
-
-class _Graded(dict):
-    courses: dict
+    return Graded(scores, courses)
 
 
 def autograded_notebook(graded, assignment: str, student: str):

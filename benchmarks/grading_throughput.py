@@ -1,0 +1,220 @@
+"""Grading throughput: this course's autograder against ``nbgrader autograde``, in one run.
+
+Both grade the same submissions of one assignment in a scratch copy of the course: the
+instructor's solution, the unedited release and every plausible wrong submission of
+``tests/wrong_submissions/<assignment>/`` (as ``tests/test_assignments.py`` builds them),
+repeated under new student ids until there are ``--submissions`` of them. Each grader
+runs as its command-line tool, from its start to its last gradebook write, and both
+store the scores in a gradebook:
+
+    nbgrader autograde ASSIGNMENT
+    python -m autograder grade submitted --assignment ASSIGNMENT --out ... --gradebook ...
+
+The script prints both wall times, the throughputs and their ratio, and checks that the
+two agree on every score (GPU-only test cells aside: nbgrader runs them on the CPU too,
+where the course's GPU tests print SKIPPED and pass; the autograder skips them).
+
+    .venv/bin/python benchmarks/grading_throughput.py --assignment benchmark --submissions 24
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import csv
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SOLUTION_MARKERS = re.compile(r"^[ \t]*### (BEGIN|END) SOLUTION[ \t]*\n?", re.MULTILINE)
+
+
+def tool_env() -> dict:
+    # nbgrader runs `alembic` from PATH; a virtualenv need not be activated to run this.
+    env = dict(os.environ)
+    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    return env
+
+
+def run(command: list, cwd: Path, what: str) -> float:
+    """Run a command to completion and return its wall time; stop on failure."""
+    start = time.perf_counter()
+    done = subprocess.run(command, cwd=cwd, env=tool_env(), capture_output=True, text=True)
+    seconds = time.perf_counter() - start
+    if done.returncode != 0:
+        sys.exit(f"{what} failed (exit {done.returncode}):\n{done.stdout[-3000:]}\n"
+                 f"{done.stderr[-3000:]}")
+    return seconds
+
+
+def answer_cells(nb) -> dict:
+    return {c.metadata["nbgrader"]["grade_id"]: c for c in nb.cells
+            if c.get("metadata", {}).get("nbgrader", {}).get("solution")}
+
+
+def variants(course: Path, assignment: str, notebook: str) -> dict:
+    """name -> submitted notebook: the solution, the unedited release, the wrong ones."""
+    import nbformat
+    solution = nbformat.read(course / "solutions" / assignment / f"{notebook}.ipynb", as_version=4)
+    release = nbformat.read(course / "exercises" / assignment / f"{notebook}.ipynb", as_version=4)
+    found = {"solution": solution, "unedited": release}
+    solved = answer_cells(solution)
+    for path in sorted((ROOT / "tests" / "wrong_submissions" / assignment).glob("*.toml")):
+        answers = tomllib.loads(path.read_text())["answers"]
+        nb = copy.deepcopy(release)
+        for grade_id, cell in answer_cells(nb).items():
+            code = answers.get(grade_id)
+            if code is None:
+                code = SOLUTION_MARKERS.sub("", solved[grade_id].source)
+            cell.source = code.strip("\n")
+        found[f"wrong_{path.stem}"] = nb
+    return found
+
+
+def make_course(base: Path, assignment: str, count: int) -> tuple:
+    """A scratch course with the assignment generated and ``count`` submissions."""
+    import nbformat
+    course = base / "course"
+    (course / "solutions").mkdir(parents=True)
+    shutil.copy(ROOT / "nbgrader_config.py", course / "nbgrader_config.py")
+    shutil.copytree(ROOT / "solutions" / assignment, course / "solutions" / assignment)
+    notebooks = sorted((course / "solutions" / assignment).glob("*.ipynb"))
+    if len(notebooks) != 1:
+        sys.exit(f"{assignment}: expected one notebook, found {[p.name for p in notebooks]}")
+    notebook = notebooks[0].stem
+    run([sys.executable, "-m", "nbgrader", "generate_assignment", assignment, "--force"],
+        course, "nbgrader generate_assignment")
+    kinds = variants(course, assignment, notebook)
+    names = list(kinds)
+    students = {}
+    for i in range(count):
+        kind = names[i % len(names)]
+        student = f"s{i + 1:03d}_{kind}"
+        folder = course / "submitted" / student / assignment
+        folder.mkdir(parents=True)
+        nbformat.write(kinds[kind], folder / f"{notebook}.ipynb")
+        students[student] = kind
+    return course, notebook, students
+
+
+def nbgrader_scores(course: Path, assignment: str, notebook: str) -> dict:
+    """student -> {grade_id: score} from nbgrader's gradebook."""
+    from nbgrader.api import Gradebook
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gradebook:
+        return {student.id: {g.name: g.score for g in gradebook.find_submission_notebook(
+                    notebook, assignment, student.id).grades}
+                for student in gradebook.students}
+
+
+def autograder_scores(out: Path, assignment: str, notebook: str) -> dict:
+    """student -> {grade_id: score} (skipped tests left out) from the results.json files."""
+    scores = {}
+    for path in out.glob(f"*/{assignment}/{notebook}.results.json"):
+        tests = json.loads(path.read_text())["tests"]
+        scores[path.parent.parent.name] = {t["name"]: t["score"] for t in tests
+                                           if t["extra_data"]["outcome"] != "skipped"}
+    return scores
+
+
+def disagreements(ours: dict, theirs: dict) -> list:
+    found = []
+    for student, tests in sorted(ours.items()):
+        for grade_id, score in tests.items():
+            if grade_id.endswith("_gpu"):
+                continue
+            other = theirs.get(student, {}).get(grade_id)
+            if other is None or abs(other - score) > 1e-9:
+                found.append(f"{student} {grade_id}: autograder {score:g}, nbgrader {other}")
+    return found
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--assignment", default="benchmark")
+    parser.add_argument("--submissions", type=int, default=24, help="at least 20 (default 24)")
+    parser.add_argument("--jobs", type=int, default=None,
+                        help="the autograder's --jobs (default: its own default, the cores)")
+    parser.add_argument("--also-fresh", action="store_true",
+                        help="also time the autograder with --kernel fresh (no fork server)")
+    parser.add_argument("--keep", type=Path, default=None,
+                        help="build the scratch course here and keep it (default: a temp dir)")
+    args = parser.parse_args(argv)
+    if args.submissions < 20:
+        parser.error("use at least 20 submissions")
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    base = args.keep or Path(tempfile.mkdtemp(prefix="grading-throughput-"))
+    base.mkdir(parents=True, exist_ok=True)
+    try:
+        course, notebook, students = make_course(base, args.assignment, args.submissions)
+        print(f"{len(students)} submissions of {args.assignment!r} ({len(set(students.values()))} "
+              f"different ones); {cores} cores ({cpu_name()}), Python {platform.python_version()}")
+        # Warm the file cache for both: the first to import torch would otherwise pay for it.
+        run([sys.executable, "-c", "import torch, torchvision, matplotlib, nbformat"], course,
+            "warm-up")
+
+        timings = {}
+        timings["nbgrader autograde"] = run(
+            [sys.executable, "-m", "nbgrader", "autograde", args.assignment, "--force"], course,
+            "nbgrader autograde")
+        print(f"nbgrader autograde: {timings['nbgrader autograde']:.1f} s", flush=True)
+        jobs = ["--jobs", str(args.jobs)] if args.jobs else []
+        label = f"python -m autograder ({args.jobs or cores} jobs)"
+        kernels = ["fork"] + (["fresh"] if args.also_fresh else [])
+        for kernel in kernels:
+            name = label if kernel == "fork" else f"{label}, fresh kernels"
+            out = course / f"graded-{kernel}"
+            timings[name] = run(
+                [sys.executable, "-m", "autograder", "grade", "submitted",
+                 "--assignment", args.assignment, "--out", str(out), "--kernel", kernel,
+                 "--gradebook", f"sqlite:///{course / f'gradebook-{kernel}.db'}",
+                 "--no-progress", *jobs], course, f"autograder ({kernel} kernels)")
+            print(f"{name}: {timings[name]:.1f} s", flush=True)
+
+        theirs = nbgrader_scores(course, args.assignment, notebook)
+        ours = autograder_scores(course / "graded-fork", args.assignment, notebook)
+        with (course / "graded-fork" / "grades.csv").open() as handle:
+            rows = list(csv.DictReader(handle))
+        problems = disagreements(ours, theirs)
+        if len(rows) != len(students):
+            problems.append(f"grades.csv has {len(rows)} rows for {len(students)} submissions")
+
+        n = len(students)
+        base_time = timings["nbgrader autograde"]
+        print(f"\n{'grader':<48} {'wall s':>8} {'subm./s':>8} {'vs nbgrader':>12}")
+        for name, seconds in timings.items():
+            print(f"{name:<48} {seconds:8.1f} {n / seconds:8.2f} {base_time / seconds:11.1f}x")
+        ratio = base_time / timings[label]
+        print(f"\nThroughput ratio (autograder / nbgrader): {ratio:.1f}x")
+        if problems:
+            print(f"\nScores differ on {len(problems)} test cell(s):")
+            print("\n".join(f"  {p}" for p in problems))
+            return 1
+        print(f"Both graders gave the same score to every test cell of all {n} submissions "
+              "(GPU-only cells aside).")
+        return 0
+    finally:
+        if args.keep is None:
+            shutil.rmtree(base, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,126 @@
+"""autograder.execute and autograder.kernels: one kernel process per notebook, with limits.
+
+These start real kernels (about a second each), on tiny notebooks that import nothing heavy.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell, new_notebook
+
+from autograder.execute import TIMEOUT_ENAME, Limits, execute
+from autograder.kernels import (ForkServer, fork_supported, imported_modules, notebook_imports)
+from tests.autograder_fixtures.submissions import SOURCE
+
+KERNELS = ["fresh"] + (["fork"] if fork_supported() else [])
+
+
+@pytest.fixture(scope="module")
+def server():
+    if not fork_supported():
+        pytest.skip("this platform cannot fork kernels")
+    with ForkServer(["json", "no_such_module_for_the_test"]) as started:
+        yield started.wait_ready()
+
+
+def notebook(*sources):
+    cells = [new_code_cell("x = 0", metadata={"tags": ["parameters"]})]
+    cells += [new_code_cell(s) for s in sources]
+    for i, cell in enumerate(cells):
+        cell["id"] = f"c{i}"
+    return new_notebook(cells=cells, metadata={"kernelspec": {"name": "python3",
+                                                              "language": "python",
+                                                              "display_name": "Python 3"}})
+
+
+def run(nb, tmp_path, kernel, server=None, **kwargs):
+    kwargs.setdefault("limits", Limits(cell=20, notebook=60))
+    return execute(nb, tmp_path, parameters={"x": 5}, fork_server=server if kernel == "fork"
+                   else None, **kwargs)
+
+
+def cell_by_id(nb, cell_id):
+    return next(c for c in nb.cells if c.get("id") == cell_id)
+
+
+def stdout(cell):
+    return "".join(o.get("text", "") for o in cell.outputs if o.get("name") == "stdout")
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_runs_on_after_errors_with_parameters_cwd_and_env(tmp_path, kernel, request):
+    server = request.getfixturevalue("server") if kernel == "fork" else None
+    nb = notebook("raise ValueError('first')",
+                  "import os\nprint(x, os.getcwd(), os.environ['AUTOGRADER_TEST'])",
+                  "open('helper_mod.py', 'w').write('VALUE = 7')\nimport helper_mod\n"
+                  "print(helper_mod.VALUE)")
+    done = run(nb, tmp_path, kernel, server, env={"AUTOGRADER_TEST": "yes"})
+    assert done.completed, done.message
+    out = done.notebook
+    assert any(o.get("ename") == "ValueError" for o in cell_by_id(out, "c1").outputs)
+    assert stdout(cell_by_id(out, "c2")).split() == ["5", str(tmp_path), "yes"]
+    assert stdout(cell_by_id(out, "c3")).strip() == "7"  # the working directory is importable
+    assert any("injected-parameters" in c.metadata.get("tags", []) for c in out.cells)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_a_slow_cell_is_interrupted_and_the_rest_runs(tmp_path, kernel, request):
+    server = request.getfixturevalue("server") if kernel == "fork" else None
+    nb = notebook("import time\ntime.sleep(60)", "print('after')")
+    start = time.perf_counter()
+    done = run(nb, tmp_path, kernel, server, limits=Limits(cell=2, notebook=60))
+    assert time.perf_counter() - start < 30
+    slow = cell_by_id(done.notebook, "c1")
+    assert [o.get("ename") for o in slow.outputs if o.output_type == "error"] == [TIMEOUT_ENAME]
+    assert stdout(cell_by_id(done.notebook, "c2")).strip() == "after"
+
+
+def test_the_notebook_limit_stops_the_run(tmp_path, server):
+    nb = notebook("import time\ntime.sleep(60)", "print('never')")
+    start = time.perf_counter()
+    done = run(nb, tmp_path, "fork", server, limits=Limits(cell=60, notebook=3))
+    assert time.perf_counter() - start < 30
+    assert done.ended == "notebook-timeout" and "3 s" in done.message
+    assert cell_by_id(done.notebook, "c2").execution_count is None
+
+
+def test_a_dying_kernel_is_reported_with_its_cell(tmp_path, server):
+    nb = notebook("import os\nos._exit(3)", "print('never')")
+    done = run(nb, tmp_path, "fork", server)
+    assert done.ended == "kernel-died"
+    assert "cell 2" in done.message
+    assert cell_by_id(done.notebook, "c2").execution_count is None
+
+
+def test_forked_kernels_are_separate_processes(tmp_path, server):
+    nb = notebook("import os, sys, json\nprint(os.getpid(), os.getppid(), os.getpgid(0), "
+                  "'' in sys.path, 'json' in sys.modules)")
+    pids = []
+    for _ in range(2):
+        done = run(nb, tmp_path, "fork", server)
+        pid, ppid, pgid, cwd_on_path, preloaded = stdout(cell_by_id(done.notebook, "c1")).split()
+        assert int(ppid) == server.pid and int(pgid) == int(pid)  # own process group
+        assert cwd_on_path == "True" and preloaded == "True"
+        pids.append(int(pid))
+    assert pids[0] != pids[1] and os.getpid() not in pids
+
+
+def test_fork_server_reports_what_it_could_not_import(server):
+    assert "json" in server.preloaded
+    assert "no_such_module_for_the_test" in server.failed
+    assert server.cuda_available() in (True, False)
+
+
+def test_imports_are_read_from_code_and_notebooks():
+    code = ["import torch.nn as nn\nfrom os import path\n%matplotlib inline\nfrom . import x",
+            "!pip list\nimport json, collections.abc", "def broken(:"]
+    assert imported_modules(code) == ["torch", "os", "json", "collections"]
+    assert notebook_imports([SOURCE]) == ["math", "sys", "torch"]
+
+
+def test_limits_must_be_positive():
+    with pytest.raises(ValueError):
+        Limits(cell=0)

@@ -1,0 +1,117 @@
+"""autograder.grade: one submission in, one result out; many submissions, one process each."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from autograder.execute import Limits
+from autograder.grade import (ERROR, GRADED, INVALID, GradeOptions, grade_all, grade_submission,
+                              prepare_workdir, resolve_device)
+from autograder.judge import PASSED, SKIPPED
+from autograder.layout import Course, find_submissions
+from tests.autograder_fixtures.submissions import (COURSE, CPU_MAX_SCORE, answered, graded_cases,
+                                                   write)
+
+OPTIONS = GradeOptions(device="cpu", profile="quick", limits=Limits(cell=30, notebook=120))
+
+# An answer that looks for the tests on disk: everything readable under its working directory.
+SNOOP = '''
+import os
+found = []
+for folder, _, files in os.walk(os.getcwd()):
+    for name in files:
+        try:
+            text = open(os.path.join(folder, name), errors="ignore").read()
+        except OSError:
+            continue
+        if "HIDDEN TESTS" in text or "squares(10)[-1]" in text or "range(n)]" in text:
+            found.append(name)
+print("FILES", sorted(os.listdir(".")), "LEAKS", found)
+
+def squares(n):
+    return [k * k for k in range(n)]
+'''
+
+
+@pytest.fixture(scope="module")
+def sources():
+    return Course.discover(COURSE).source_notebooks("demo")
+
+
+@pytest.mark.integration
+def test_grade_submission_is_one_result_object(tmp_path, sources):
+    write(tmp_path, "ann", answered(squares=SNOOP))
+    (tmp_path / "ann" / "demo" / "notes.txt").write_text("the learner's own file")
+    submission = find_submissions(tmp_path, "demo")[0]
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    result = grade_submission(submission, sources["demo"], OPTIONS)
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+    assert (result.status, result.score, result.max_score) == (GRADED, CPU_MAX_SCORE, CPU_MAX_SCORE)
+    assert [t.outcome for t in result.tests].count(SKIPPED) == 1
+    printed = "".join(o.get("text", "") for c in result.executed.cells
+                      for o in c.get("outputs", []) if "FILES" in o.get("text", ""))
+    assert "notes.txt" in printed and "LEAKS []" in printed, printed
+    assert ".ipynb" not in printed
+
+
+def test_workdir_has_support_files_but_no_notebooks(tmp_path, sources):
+    write(tmp_path, "ann", answered())
+    (tmp_path / "ann" / "demo" / "data.csv").write_text("1,2\n")
+    os.symlink("/etc/hostname", tmp_path / "ann" / "demo" / "link")
+    workdir = prepare_workdir(find_submissions(tmp_path, "demo")[0], sources["demo"])
+    try:
+        assert sorted(p.name for p in workdir.iterdir()) == ["data.csv"]
+    finally:
+        import shutil
+        shutil.rmtree(workdir)
+
+
+def test_unreadable_or_missing_notebooks_are_invalid(tmp_path, sources):
+    write(tmp_path, "ann", "{not a notebook")
+    (tmp_path / "bob" / "demo").mkdir(parents=True)
+    write(tmp_path, "cat", answered(), notebook="surprise")
+    subs = find_submissions(tmp_path, "demo", notebooks=["demo"])
+    results = [grade_submission(s, sources.get(s.notebook), OPTIONS) for s in subs]
+    assert [(r.submission.student_id, r.status) for r in results] == [
+        ("ann", INVALID), ("bob", INVALID), ("cat", INVALID), ("cat", INVALID)]
+    assert "not a readable notebook" in results[0].message
+    assert "not submitted" in results[1].message
+    assert results[0].max_score == CPU_MAX_SCORE and results[0].score == 0
+    assert "no notebook 'surprise'" in results[3].message
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("kernel", ["fork", "fresh"])
+def test_grade_all_gives_each_case_its_score(tmp_path, sources, kernel):
+    cases = graded_cases()
+    if kernel == "fresh":  # the slower way: two cases are enough to compare
+        cases = {k: cases[k] for k in ("off_by_one", "tampered")}
+    for student, (nb, _) in cases.items():
+        write(tmp_path, student, nb)
+    write(tmp_path, "crashes", answered(squares="import os\nos._exit(1)"))
+    submissions = find_submissions(tmp_path, "demo", notebooks=["demo"])
+    seen = []
+    results = grade_all(submissions, sources, OPTIONS, jobs=2, kernel=kernel, on_result=seen.append)
+    assert len(seen) == len(results) == len(submissions)
+    by_student = {r.submission.student_id: r for r in results}
+    assert [r.submission for r in results] == submissions
+    for student, (_, expected) in cases.items():
+        result = by_student[student]
+        assert (result.status, result.score, result.max_score) == (
+            GRADED, expected, CPU_MAX_SCORE), (student, result.message)
+    crashed = by_student["crashes"]
+    assert crashed.status == ERROR and "kernel died" in crashed.message
+    if kernel == "fork":
+        tampered = by_student["tampered"]
+        assert {t.grade_id: t.outcome for t in tampered.tests}["test_mean"] == PASSED
+        assert "was edited" in tampered.message and "was missing" in tampered.message
+
+
+def test_resolve_device():
+    assert resolve_device("cpu") == "cpu" and resolve_device("cuda") == "cuda"
+    import torch
+    assert resolve_device("auto") == ("cuda" if torch.cuda.is_available() else "cpu")
+    with pytest.raises(ValueError):
+        resolve_device("tpu")

@@ -1,0 +1,88 @@
+"""autograder.layout: finding submissions and reading the instructor's notebooks."""
+from __future__ import annotations
+
+import nbformat
+import pytest
+
+from autograder.layout import Course, SourceNotebook, find_submissions, read_submission
+from tests.autograder_fixtures.submissions import COURSE, RELEASE, SOURCE, released, write
+
+
+def test_course_reads_nbgrader_config():
+    course = Course.discover(COURSE)
+    assert course.source_directory == "solutions"
+    assert course.course_id == "autograder-fixture"
+    assert set(course.source_notebooks("demo")) == {"demo"}
+
+
+def test_course_without_config_uses_solutions(tmp_path):
+    (tmp_path / "solutions" / "a1").mkdir(parents=True)
+    nbformat.write(nbformat.v4.new_notebook(), str(tmp_path / "solutions" / "a1" / "n.ipynb"))
+    course = Course.discover(tmp_path)
+    assert course.source_path == tmp_path.resolve() / "solutions"
+    assert list(course.source_notebooks("a1")) == ["n"]
+    with pytest.raises(FileNotFoundError, match="no assignment"):
+        course.source_notebooks("missing")
+
+
+def test_find_submissions_layout(tmp_path):
+    write(tmp_path, "bob", released())
+    write(tmp_path, "alice", released())
+    write(tmp_path, "alice", released(), notebook="extra")
+    (tmp_path / "carol" / "other_assignment").mkdir(parents=True)
+    (tmp_path / "dave" / "demo").mkdir(parents=True)            # submitted nothing
+    (tmp_path / ".ipynb_checkpoints" / "demo").mkdir(parents=True)
+    found = find_submissions(tmp_path, "demo", notebooks=["demo"])
+    assert [(s.student_id, s.notebook) for s in found] == [
+        ("alice", "demo"), ("alice", "extra"), ("bob", "demo"), ("dave", "demo")]
+    assert not found[-1].path.exists()
+    assert found[0].path == tmp_path / "alice" / "demo" / "demo.ipynb"
+
+
+def test_find_submissions_needs_a_folder(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        find_submissions(tmp_path / "nope", "demo")
+
+
+def test_timestamp_is_read_when_present(tmp_path):
+    write(tmp_path, "bob", released())
+    (tmp_path / "bob" / "demo" / "timestamp.txt").write_text("2026-03-01 12:00:00.000000 UTC")
+    submission = find_submissions(tmp_path, "demo")[0]
+    assert submission.timestamp().year == 2026
+
+
+def test_graded_view_holds_stubs_checksums_and_hidden_tests():
+    view = SourceNotebook.read(SOURCE, "demo").graded_view
+    release = nbformat.read(str(RELEASE), as_version=4)
+    text = "\n".join(cell.source for cell in view.cells)
+    assert "BEGIN SOLUTION" not in text and "range(n)]" not in text
+    assert "BEGIN HIDDEN TESTS" in text
+    by_id = {c.metadata["nbgrader"]["grade_id"]: c for c in view.cells if "nbgrader" in c.metadata}
+    for cell in release.cells:
+        meta = cell.metadata.get("nbgrader", {})
+        if meta.get("solution"):  # the stub a learner starts from, checksum and all
+            assert by_id[meta["grade_id"]].source == cell.source
+            assert by_id[meta["grade_id"]].metadata["nbgrader"]["checksum"] == meta["checksum"]
+
+
+def test_support_files_exclude_notebooks(tmp_path):
+    folder = tmp_path / "solutions" / "a1"
+    (folder / "data").mkdir(parents=True)
+    (folder / ".ipynb_checkpoints").mkdir()
+    nbformat.write(nbformat.v4.new_notebook(), str(folder / "n.ipynb"))
+    (folder / "helper.py").write_text("X = 1\n")
+    (folder / "data" / "table.csv").write_text("a,b\n")
+    (folder / ".ipynb_checkpoints" / "n-checkpoint.ipynb").write_text("{}")
+    source = Course.discover(tmp_path).source_notebooks("a1")["n"]
+    assert [p.relative_to(folder).as_posix() for p in source.support_files()] == [
+        "data/table.csv", "helper.py"]
+
+
+def test_read_submission_explains_what_is_wrong(tmp_path):
+    with pytest.raises(ValueError, match="not submitted"):
+        read_submission(tmp_path / "missing.ipynb")
+    bad = tmp_path / "bad.ipynb"
+    bad.write_text("{not json")
+    with pytest.raises(ValueError, match="not a readable notebook"):
+        read_submission(bad)
+    assert read_submission(RELEASE).cells

@@ -1,0 +1,146 @@
+"""autograder.rebuild: the notebook that runs is the instructor's, plus the learner's answers."""
+from __future__ import annotations
+
+import copy
+
+import nbformat
+import pytest
+
+from autograder.layout import SourceNotebook
+from autograder.rebuild import (CONTROL_TAGS, grade_id_of, rebuild, visible_part)
+from tests.autograder_fixtures.submissions import (GOOD_MEAN, SOURCE, answered, grade_id,
+                                                   released, tampered)
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return SourceNotebook.read(SOURCE, "demo").graded_view
+
+
+def cell(nb, gid):
+    matches = [c for c in nb.cells if grade_id_of(c) == gid]
+    assert len(matches) == 1, f"{gid}: {len(matches)} cells"
+    return matches[0]
+
+
+def order(nb):
+    return [grade_id_of(c) for c in nb.cells if grade_id_of(c)]
+
+
+def test_tests_are_the_instructors_with_hidden_tests(reference):
+    rebuilt = rebuild(reference, released())
+    source = cell(rebuilt.notebook, "test_squares").source
+    assert "squares(0) == []" in source  # a hidden test, absent from the release
+    assert source == cell(reference, "test_squares").source
+    assert cell(rebuilt.notebook, "test_mean_hidden").source.strip()  # empty in the release
+
+
+def test_learners_answers_are_kept_and_solutions_never_enter(reference):
+    rebuilt = rebuild(reference, answered())
+    assert cell(rebuilt.notebook, "mean").source == GOOD_MEAN
+    unanswered = rebuild(reference, released()).notebook
+    text = "\n".join(c.source for c in unanswered.cells)
+    assert "NotImplementedError" in cell(unanswered, "squares").source
+    assert "BEGIN SOLUTION" not in text
+    assert "return [i * i for i in range(n)]" not in text  # the instructor's solution
+
+
+def test_edited_test_cell_is_restored_and_noted(reference):
+    rebuilt = rebuild(reference, tampered())
+    assert cell(rebuilt.notebook, "test_squares").source == cell(reference, "test_squares").source
+    assert any("test_squares" in note and "edited" in note for note in rebuilt.notes)
+
+
+def test_deleted_test_cell_is_put_back_after_its_predecessor(reference):
+    rebuilt = rebuild(reference, tampered())
+    ids = order(rebuilt.notebook)
+    assert ids.index("test_mean_hidden") == ids.index("test_mean_stderr") + 1
+    assert ids == order(reference)
+    assert any("test_mean_hidden" in note and "missing" in note for note in rebuilt.notes)
+
+
+def test_deleted_answer_cell_comes_back_as_the_stub_not_the_solution(reference):
+    nb = released()
+    nb.cells = [c for c in nb.cells if grade_id(c) != "squares"]
+    rebuilt = rebuild(reference, nb)
+    assert cell(rebuilt.notebook, "squares").source == cell(reference, "squares").source
+    assert "range(n)" not in cell(rebuilt.notebook, "squares").source
+    assert rebuilt.answered["squares"] is False
+
+
+@pytest.mark.parametrize("tag", sorted(CONTROL_TAGS))
+def test_learner_control_tags_have_no_effect(reference, tag):
+    nb = answered()
+    for c in nb.cells:
+        c.metadata["tags"] = [tag, "keep-me"]
+    rebuilt = rebuild(reference, nb)
+    for c in rebuilt.notebook.cells[2:]:  # past the grader's parameters and setup cells
+        tags = c.metadata.get("tags", [])
+        if grade_id_of(c) != "test_squares_gpu":
+            assert not set(tags) & CONTROL_TAGS, (grade_id_of(c), tags)
+
+
+def test_learner_added_cells_are_kept_without_metadata(reference):
+    nb = answered()
+    helper = nbformat.v4.new_code_cell("HELPER = 1", metadata={"tags": ["parameters"],
+                                                              "nbgrader": {"grade_id": "fake"}})
+    nb.cells.insert(3, helper)
+    rebuilt = rebuild(reference, nb)
+    mine = [c for c in rebuilt.notebook.cells if c.source == "HELPER = 1"]
+    assert len(mine) == 1 and dict(mine[0].metadata) == {}
+
+
+def test_duplicate_cells_are_dropped(reference):
+    nb = answered()
+    twin = copy.deepcopy(cell(nb, "mean"))
+    twin.source = "def mean(values):\n    return 0"
+    nb.cells.append(twin)
+    rebuilt = rebuild(reference, nb)
+    assert cell(rebuilt.notebook, "mean").source == GOOD_MEAN
+    assert any("duplicate" in note for note in rebuilt.notes)
+
+
+def test_parameters_then_setup_come_first(reference):
+    nb = rebuild(reference, answered(), device="cpu", profile="quick").notebook
+    first, second = nb.cells[0], nb.cells[1]
+    assert first.metadata["tags"] == ["parameters"]
+    assert "autograder_device = 'cpu'" in first.source
+    assert "autograder_profile = 'quick'" in first.source
+    assert "DLPERF_PROFILE" in second.source and "CUDA_VISIBLE_DEVICES" in second.source
+    assert sum("parameters" in c.metadata.get("tags", []) for c in nb.cells) == 1
+    nbformat.validate(nb)
+
+
+@pytest.mark.parametrize("device, skipped", [("cpu", True), ("cuda", False)])
+def test_gpu_tests_are_skipped_only_without_cuda(reference, device, skipped):
+    rebuilt = rebuild(reference, answered(), device=device)
+    gpu = [t for t in rebuilt.tests if t.grade_id == "test_squares_gpu"]
+    assert len(gpu) == 1 and gpu[0].gpu_only and gpu[0].skipped == skipped
+    tags = cell(rebuilt.notebook, "test_squares_gpu").metadata.get("tags", [])
+    assert ("skip-execution" in tags) == skipped
+    assert rebuilt.max_score == (8.0 if skipped else 9.0)
+
+
+def test_test_list_knows_points_hidden_tests_and_cell_ids(reference):
+    rebuilt = rebuild(reference, answered())
+    by_id = {t.grade_id: t for t in rebuilt.tests}
+    assert set(by_id) == {"test_squares", "test_mean", "test_mean_stderr", "test_mean_hidden",
+                          "test_partial", "test_squares_gpu"}
+    assert by_id["test_squares"].points == 2 and by_id["test_squares"].hidden
+    assert not by_id["test_mean"].hidden
+    ids = {c.get("id") for c in rebuilt.notebook.cells}
+    assert all(t.cell_id in ids for t in rebuilt.tests)
+    assert [m.grade_id for m in rebuilt.manual] == ["explain"]
+    assert rebuilt.manual[0].answered is False
+
+
+def test_visible_part_drops_the_hidden_region():
+    source = "a = 1\n### BEGIN HIDDEN TESTS\nsecret = 2\n### END HIDDEN TESTS\nb = 3"
+    assert visible_part(source) == "a = 1\nb = 3"
+
+
+def test_bad_device_or_profile_is_refused(reference):
+    with pytest.raises(ValueError):
+        rebuild(reference, released(), device="tpu")
+    with pytest.raises(ValueError):
+        rebuild(reference, released(), profile="huge")

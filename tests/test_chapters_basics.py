@@ -1,0 +1,175 @@
+"""Chapters 13.1-13.4 (hybridize, async-computation, auto-parallelism, hardware).
+
+The integration tests read the pages as the book build executed them; the GPU
+tests run the claims (and the pages themselves) on CUDA, which the CPU-built
+book cannot show.
+"""
+import json
+import re
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.helpers import page_text
+
+ROOT = Path(__file__).resolve().parent.parent
+EXECUTED = ROOT / "_build" / "jupyter_execute"  # where the book build leaves executed pages
+PAGES = ["hybridize", "async-computation", "auto-parallelism", "hardware"]
+
+
+def figures(nb):
+    return sum("image/svg+xml" in out.get("data", {}) or "image/png" in out.get("data", {})
+               for cell in nb.cells for out in cell.get("outputs", []))
+
+
+def glued(nb, page=None):
+    """Glued values by name, as text/plain.
+
+    The book build moves every glued value out of the executed notebook into
+    ``<page>.glue.json`` beside it; a notebook executed directly (the GPU tests)
+    keeps them as outputs, under a prefixed MIME type when glued with
+    ``display=False``. ``tests.helpers.glued`` reads neither, so this reads both.
+    """
+    values = {}
+    glue_file = EXECUTED / f"{page}.glue.json" if page else None
+    if glue_file is not None and glue_file.exists():
+        for name, output in json.loads(glue_file.read_text()).items():
+            values[name] = output["data"]["text/plain"]
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            scrapbook = out.get("metadata", {}).get("scrapbook", {})
+            key = scrapbook.get("mime_prefix", "") + "text/plain"
+            if "name" in scrapbook and key in out.get("data", {}):
+                values[scrapbook["name"]] = out["data"][key]
+    return values
+
+
+def number(values, name):
+    return float(values[name])
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("name", PAGES)
+def test_page_names_its_device_and_draws_figures(executed_page, name):
+    nb = executed_page(f"chapters/{name}")
+    text = page_text(nb)
+    assert "Run profile" in text
+    assert re.search(r"(CPU: .+ threads? of \d+ cores|NVIDIA|Tesla|\(cuda:\d\))", text)
+    assert figures(nb) >= 2, f"{name} drew {figures(nb)} figure(s)"
+
+
+@pytest.mark.integration
+def test_hybridize_compiles_scripts_and_exports_faithfully(executed_page):
+    nb = executed_page("chapters/hybridize")
+    text, values = page_text(nb), glued(nb, "chapters/hybridize")
+    assert "graph result equals imperative result: True" in text
+    assert "operations in the graph: 6 before dead-code elimination, 4 after" in text
+    assert "TraceError" in text
+    assert "compiled and eager outputs agree" in text
+    assert "compiled and eager GELU agree" in text
+    assert "`torch.jit.script` is deprecated" in text  # the warning is shown, not hidden
+    assert "TorchScript and eager outputs agree" in text
+    assert "reloaded in a fresh process" in text
+    assert number(values, "export_max_diff") <= 1e-6
+    assert number(values, "compile_s") > 0
+    assert values["mlp_verdict"].strip("'") in {"faster", "slower"}
+    speedup = number(values, "mlp_speedup")
+    assert (values["mlp_verdict"].strip("'") == "faster") == (speedup > 1)
+
+
+@pytest.mark.integration
+def test_async_page_measures_the_queue_and_the_blockers(executed_page):
+    nb = executed_page("chapters/async-computation")
+    text, values = page_text(nb), glued(nb, "chapters/async-computation")
+    assert number(values, "returned_ms") <= number(values, "finished_ms")
+    assert "[['matmul', 'add'], ['mul'], ['sum_1']]" in text  # independent ops found by tracing
+    toy = re.search(r"toy backend: (-?[\d.]+); computed directly: (-?[\d.]+)", text)
+    assert toy and toy.group(1) == toy.group(2)
+    for blocker in ["no blocker", "out[0, 0].item()", "print(out[0, 0])", "out[0, 0].cpu().numpy()",
+                    "dlperf.synchronize(dev)"]:
+        assert blocker in text
+    assert number(values, "toy_submitted_ms") < number(values, "toy_finished_ms")
+
+
+@pytest.mark.integration
+def test_auto_parallelism_runs_two_lanes_and_the_copy_pipeline(executed_page):
+    nb = executed_page("chapters/auto-parallelism")
+    text, values = page_text(nb), glued(nb, "chapters/auto-parallelism")
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    expected = {0: "two CPU workers", 1: "one GPU and the CPU"}.get(gpus, "two GPUs")
+    assert values["setup"].strip("'") == expected  # the book was built on this machine
+    assert 1.0 <= number(values, "lane_ideal") <= 2.0 + 1e-9
+    assert number(values, "lane_speedup") > 0
+    assert "one after another" in text and "together" in text
+    assert number(values, "overlap_speedup") > 0
+
+
+@pytest.mark.integration
+def test_hardware_keeps_quoted_and_measured_numbers_apart(executed_page):
+    nb = executed_page("chapters/hardware")
+    text, values = page_text(nb), glued(nb, "chapters/hardware")
+    for source in ["NVIDIA H100 datasheet", "NVIDIA H200 datasheet", "PCI-SIG"]:
+        assert source in text
+    assert "data caches reported" in text
+    assert figures(nb) >= 5
+    assert "peak" in values["flops_summary"]
+    assert number(values, "stride_ratio") > 0 and number(values, "cache_ratio") > 0
+
+
+# --- on a GPU ------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+def test_synchronized_gpu_time_exceeds_unsynchronized():
+    """The measurement of async-computation, on CUDA: the clock read before synchronizing is early."""
+    a = torch.randn(4096, 4096, device="cuda")
+    a @ a
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(10):
+        a @ a
+    returned = time.perf_counter() - start
+    torch.cuda.synchronize()
+    finished = time.perf_counter() - start
+    assert finished > returned
+
+
+@pytest.mark.gpu
+def test_pinned_non_blocking_copy_on_a_side_stream_arrives_intact():
+    """The pattern of auto-parallelism's overlapped pipeline: wait_stream, pinned memory, non_blocking."""
+    compute = torch.cuda.current_stream()
+    copier = torch.cuda.Stream()
+    host = [torch.empty(2**20, pin_memory=True) for _ in range(4)]
+    results = [torch.empty(2**20, device="cuda") for _ in range(4)]
+    for i in range(4):
+        torch.mul(torch.full((2**20,), float(i), device="cuda"), 2.0, out=results[i])
+        copier.wait_stream(compute)
+        with torch.cuda.stream(copier):
+            host[i].copy_(results[i], non_blocking=True)
+    torch.cuda.synchronize()
+    for i in range(4):
+        assert torch.equal(host[i], torch.full((2**20,), 2.0 * i))
+
+
+@pytest.mark.gpu
+@pytest.mark.integration
+@pytest.mark.parametrize("name", PAGES)
+def test_page_runs_on_the_gpu(name, monkeypatch):
+    """Execute the page on CUDA (quick profile): its GPU-only branches must run too."""
+    import jupytext
+    from nbclient import NotebookClient
+
+    monkeypatch.setenv("DLPERF_PROFILE", "quick")
+    monkeypatch.setenv("DLPERF_DATA", "synthetic")
+    nb = jupytext.read(ROOT / "chapters" / f"{name}.md")
+    NotebookClient(nb, timeout=600, kernel_name="python3",
+                   resources={"metadata": {"path": str(ROOT / "chapters")}}).execute()
+    text, values = page_text(nb), glued(nb)
+    assert "GPU(s)" in text
+    if name == "async-computation":
+        assert number(values, "reported_share") < 100  # the queue hid most of the work
+    if name == "hardware":
+        assert "pinned -> GPU" in text
+    if name == "auto-parallelism":
+        assert values["setup"].strip("'") in {"one GPU and the CPU", "two GPUs"}
