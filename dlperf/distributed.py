@@ -90,6 +90,8 @@ def start_method() -> str:
 def _worker_entry(rank: int, fn: Callable, world_size: int, port: int, backend: Optional[str],
                   args: tuple, results, timeout: float, threads: int) -> None:
     torch.set_num_threads(threads)
+    if backend == "nccl":  # NCCL wants one GPU per process
+        torch.cuda.set_device(rank % torch.cuda.device_count())
     if backend is not None:
         init_process_group(rank, world_size, port, backend, timeout)
     try:
@@ -108,9 +110,10 @@ def run_workers(fn: Callable, world_size: int, args: Sequence = (), *,
     """Run ``fn(rank, world_size, *args)`` in ``world_size`` new processes; their results by rank.
 
     ``fn`` must be importable (defined at the top level of a module) because the
-    workers are started with ``forkserver`` or ``spawn`` (see :func:`start_method`). With a ``backend`` ('gloo' for CPU
-    tensors, 'nccl' for GPUs) every worker first joins a process group that
-    rendezvouses on a free port of 127.0.0.1; with ``backend=None`` it does not.
+    workers are started with ``forkserver`` or ``spawn`` (see :func:`start_method`).
+    With a ``backend`` ('gloo' for CPU tensors, 'nccl' for GPUs, one per worker)
+    every worker first joins a process group that rendezvouses on a free port of
+    127.0.0.1; with ``backend=None`` it does not.
     ``threads`` is each worker's intra-op thread count (default: the cores
     shared out). A worker's exception is raised here with its traceback; a run
     longer than ``timeout`` seconds is stopped and raises ``TimeoutError``.
@@ -380,8 +383,8 @@ def kv_sgd_job(rank: int, world_size: int, port: int, steps: int, lr: float,
 
     Rank 0 holds ``w`` and ``b`` and applies ``param -= lr * mean of the pushed
     gradients``; ranks 1.. each own a shard of data, pull the parameters,
-    compute a minibatch gradient and push it. Workers return their losses,
-    the server the final parameters.
+    compute a minibatch gradient and push it. Workers return their losses and
+    the seconds all steps took, the server the final parameters.
     """
     num_workers = world_size - 1
     true_w = torch.tensor(true_w)
@@ -396,6 +399,7 @@ def kv_sgd_job(rank: int, world_size: int, port: int, steps: int, lr: float,
     generator = torch.Generator().manual_seed(worker)
     client = KVClient(port, worker, num_workers)
     losses = []
+    start = time.perf_counter()
     for _ in range(steps):
         w, b = client.pull("w").requires_grad_(), client.pull("b").requires_grad_()
         batch = torch.randint(0, len(X), (batch_size,), generator=generator)
@@ -404,8 +408,9 @@ def kv_sgd_job(rank: int, world_size: int, port: int, steps: int, lr: float,
         client.push("w", w.grad)
         client.push("b", b.grad)
         losses.append(loss.item())
+    seconds = time.perf_counter() - start
     client.close()
-    return losses
+    return {"losses": losses, "seconds": seconds}
 
 
 # ---------------------------------------------------------------- small jobs for the tests

@@ -124,3 +124,15 @@ def test_imports_are_read_from_code_and_notebooks():
 def test_limits_must_be_positive():
     with pytest.raises(ValueError):
         Limits(cell=0)
+
+
+@pytest.mark.skipif(not fork_supported(), reason="this platform cannot fork kernels")
+def test_a_dead_fork_server_is_started_again(tmp_path):
+    import signal
+    with ForkServer([]) as server:
+        server.wait_ready()
+        os.kill(server.pid, signal.SIGKILL)
+        server.process.wait(timeout=10)
+        done = run(notebook("print('alive')"), tmp_path, "fork", server)
+        assert stdout(cell_by_id(done.notebook, "c1")).strip() == "alive"
+        assert server.restarts == 1

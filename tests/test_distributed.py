@@ -136,8 +136,9 @@ def test_parameter_server_sgd_learns_the_linear_model():
     final = results[0]
     assert final["w"] == pytest.approx(true_w, abs=0.05)
     assert final["b"] == pytest.approx([true_b], abs=0.05)
-    for losses in results[1:]:
-        assert losses[-1] < 0.01 * losses[0]
+    for worker in results[1:]:
+        assert len(worker["losses"]) == 150 and worker["seconds"] > 0
+        assert worker["losses"][-1] < 0.01 * worker["losses"][0]
 
 
 def test_worker_errors_are_raised_with_their_message():

@@ -113,7 +113,8 @@ def main(argv=None) -> None:
     rank, world_size, device, backend = setup(args.device)
     if args.batch_size % world_size:
         raise SystemExit(f"--batch-size {args.batch_size} must be divisible by {world_size} processes")
-    if device.type == "cpu":  # share the cores out instead of every process using all of them
+    if device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
+        # Share the cores out instead of every process using all of them.
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
 
     # Rank 0 first: it may have to write the data files; the others read them afterwards.
