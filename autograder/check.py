@@ -10,6 +10,7 @@ notebook at all, so a passing check is necessary, not sufficient.
 """
 from __future__ import annotations
 
+import ast
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional
@@ -46,6 +47,14 @@ class CheckReport:
         return not self.problem and all(t.outcome == PASSED for t in self.graded)
 
 
+def has_code(source: str) -> bool:
+    """Whether a cell holds any statement (not only comments and blank lines)."""
+    try:
+        return bool(ast.parse(source).body)
+    except SyntaxError:
+        return True  # IPython syntax or a typo: something is there to run
+
+
 def edited_tests(nb) -> List[str]:
     """Test cells whose source no longer matches the checksum nbgrader released them with."""
     from nbgrader.utils import compute_checksum
@@ -71,9 +80,9 @@ def check(notebook: Path, source: Optional[Path] = None, device: str = "cpu",
                         parameters={"autograder_device": device, "autograder_profile": profile},
                         limits=limits, env=env)
     tests = judge(execution.notebook, rebuilt.tests, rebuilt.manual, stopped=execution.message)
-    # A released test cell that is empty held only hidden tests: nothing to check here.
+    # A released test cell with no code left held only hidden tests: nothing to check here.
     sources = {cell.get("id"): cell.source for cell in rebuilt.notebook.cells}
-    empty = {t.grade_id for t in rebuilt.tests if not sources.get(t.cell_id, "").strip()}
+    empty = {t.grade_id for t in rebuilt.tests if not has_code(sources.get(t.cell_id, ""))}
     tests = [TestResult(t.grade_id, t.max_score, 0.0, HIDDEN_ONLY,
                         "Hidden tests only: they run when your work is graded.")
              if t.grade_id in empty else t for t in tests]

@@ -50,7 +50,7 @@ class Execution:
     """What running one notebook gave: the executed notebook and how the run ended."""
     notebook: nbformat.NotebookNode
     seconds: float
-    ended: str     # "completed", "notebook-timeout", "kernel-died" or "failed-to-start"
+    ended: str     # completed, notebook-timeout, unresponsive, kernel-died or failed-to-start
     message: str   # one line for the grades table; empty when completed
 
     @property
@@ -82,14 +82,14 @@ def _mark_timeout(cell, execute_reply, **_) -> None:
 
 
 def _last_started(nb: nbformat.NotebookNode) -> str:
-    """Name the last cell the kernel began to run (by its nbgrader grade_id if it has one)."""
-    started = [(i, c) for i, c in enumerate(nb.cells)
-               if c.cell_type == "code" and c.get("execution_count") is not None]
+    """Name the last cell sent to the kernel (by its nbgrader grade_id if it has one)."""
+    started = [(i, c) for i, c in enumerate(nb.cells) if c.cell_type == "code"
+               and c.metadata.get("papermill", {}).get("start_time") is not None]
     if not started:
         return "the first cell"
     index, cell = started[-1]
     grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
-    return f"cell {grade_id!r}" if grade_id else f"cell {index + 1}"
+    return f"cell {grade_id!r}" if grade_id else f"cell {index + 1} of the executed notebook"
 
 
 def execute(nb: nbformat.NotebookNode, workdir: Path, *, parameters: Dict[str, object],
@@ -103,7 +103,7 @@ def execute(nb: nbformat.NotebookNode, workdir: Path, *, parameters: Dict[str, o
     environment; ``fork_server`` (optional) forks the kernel instead of launching a new
     interpreter; ``threads`` caps PyTorch/OpenMP threads in the kernel.
     """
-    from nbclient.exceptions import DeadKernelError
+    from nbclient.exceptions import CellTimeoutError, DeadKernelError
     from papermill.engines import papermill_engines
     from papermill.parameterize import parameterize_notebook
 
@@ -134,13 +134,18 @@ def execute(nb: nbformat.NotebookNode, workdir: Path, *, parameters: Dict[str, o
         )
     except DeadKernelError:
         ended = "kernel-died"
-        message = f"the kernel died while running {_last_started(nb)} (it exited, crashed or ran out of memory)"
-    except Exception as error:  # nbclient/jupyter_client errors: start-up failures, timeouts
-        if launch.manager is None or not getattr(launch.manager, "has_kernel", True):
-            ended = "failed-to-start"
-        else:
-            ended = "kernel-died"
-        message = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
+        message = (f"the kernel died while running {_last_started(nb)} "
+                   "(it exited, crashed or ran out of memory)")
+    except CellTimeoutError:
+        # Interrupted after the per-cell limit, the kernel still did not answer.
+        ended = "unresponsive"
+        message = (f"the kernel stopped responding in {_last_started(nb)} after the "
+                   f"{limits.cell:g} s cell limit, and was stopped")
+    except Exception as error:  # start-up failures and other nbclient/jupyter_client errors
+        started = launch.manager is not None and getattr(launch.manager, "has_kernel", False)
+        ended = "kernel-died" if started else "failed-to-start"
+        first_line = (str(error).strip().splitlines() or [""])[0]
+        message = f"{type(error).__name__}: {first_line}".rstrip(": ")
     finally:
         watchdog.cancel()
         launch.stop()  # in case nbclient could not shut the kernel down

@@ -204,7 +204,7 @@ def grade_submission(submission: Submission, source: Optional[SourceNotebook],
             shutil.rmtree(workdir, ignore_errors=True)
 
     tests = judge(execution.notebook, rebuilt.tests, rebuilt.manual, stopped=execution.message)
-    if execution.ended == "notebook-timeout" or _timed_out_cells(execution.notebook):
+    if execution.ended in ("notebook-timeout", "unresponsive") or _timed_out_cells(execution.notebook):
         status = TIMEOUT
     elif not execution.completed:
         status = ERROR

@@ -13,6 +13,8 @@ A kernel is started in one of two ways:
 
 The fork server never imports or runs anything of a learner's, never sees test code,
 and never initialises CUDA (that would not survive ``fork()``): it only imports modules.
+(A module that starts threads or initialises CUDA when imported is not safe to preload
+this way; ``--kernel fresh`` grades without the fork server.)
 It exits when its standard input closes, i.e. when the grader ends, and is started again
 if it dies. Modules it preloads are imported with the grader's environment: one that
 reads an environment variable at import time sees the grader's value, not the kernel's.
@@ -148,6 +150,8 @@ def _become_kernel(request: dict, server_pid: int) -> None:
     os.dup2(devnull, 0)
     os.dup2(devnull, 1)  # never the server's protocol pipe
     os.dup2(log, 2)
+    for fd in {devnull, log}:
+        os.close(fd)
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
@@ -177,6 +181,7 @@ def _probe_cuda() -> bool:
     if pid == 0:
         answer = b"0"
         try:
+            os.environ.pop("PYTORCH_NVML_BASED_CUDA_CHECK", None)  # the real check, here
             import torch
             answer = b"1" if torch.cuda.is_available() else b"0"
         except BaseException:
@@ -248,6 +253,9 @@ class ForkServer:
         env["PYTHONPATH"] = os.pathsep.join(
             [str(PACKAGE_ROOT), *filter(None, [env.get("PYTHONPATH")])])
         env["PYDEVD_DISABLE_FILE_VALIDATION"] = "1"  # debugpy's import-time warning, not ours
+        # Should a preloaded module ask torch.cuda.is_available() at import time, PyTorch
+        # answers from NVML instead of initialising CUDA, which would not survive fork().
+        env["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
         bootstrap = "from autograder.kernels import main; main()"
         self.process = subprocess.Popen(
             [sys.executable, "-c", bootstrap, "--preload", ",".join(self.preload)],

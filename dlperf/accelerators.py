@@ -83,4 +83,6 @@ def describe(dev: torch.device) -> str:
     if dev.type == "cuda":
         index = dev.index if dev.index is not None else torch.cuda.current_device()
         return f"{torch.cuda.get_device_name(index)} (cuda:{index})"
-    return f"CPU: {_cpu_model()}, {torch.get_num_threads()} threads of {os.cpu_count()} cores"
+    threads = torch.get_num_threads()
+    return (f"CPU: {_cpu_model()}, {threads} thread{'s' if threads != 1 else ''} "
+            f"of {os.cpu_count()} cores")

@@ -242,7 +242,8 @@ def ring_trace_job(rank: int, world_size: int, length: int) -> dict:
     values = torch.randn(1000, generator=generator, dtype=torch.float64)
     ring_float, gloo_float = ring_allreduce(values.clone()), values.clone()
     dist.all_reduce(gloo_float)
-    return {"trace": [t.tolist() for t in trace], "ring": ours.tolist(), "all_reduce": theirs.tolist(),
+    return {"trace": [t.tolist() for t in trace], "ring": ours.tolist(),
+            "all_reduce": theirs.tolist(),
             "int_equal": torch.equal(ours, theirs),
             "float_max_diff": float((ring_float - gloo_float).abs().max())}
 
@@ -272,8 +273,9 @@ def aggregation_timing_job(rank: int, world_size: int, group_sizes: Sequence[int
         if rank < n:
             for numel in numels:
                 data = torch.ones(numel, dtype=torch.float32)
-                for method, op in (("ring_allreduce (ours)", lambda: ring_allreduce(data, group)),
-                                   ("dist.all_reduce (gloo)", lambda: dist.all_reduce(data, group=group))):
+                methods = (("ring_allreduce (ours)", lambda: ring_allreduce(data, group)),
+                           ("dist.all_reduce (gloo)", lambda: dist.all_reduce(data, group=group)))
+                for method, op in methods:
                     times = _timed(op, group, repeat, warmup)
                     records.append({"method": method, "workers": n, "numel": numel,
                                     "bytes": numel * 4, "median_s": statistics.median(times),

@@ -104,7 +104,8 @@ def init_resnet(net: nn.Module, seed: Optional[int] = 0) -> nn.Module:
     if seed is not None:
         torch.manual_seed(seed)
     for name, module in net.named_modules():
-        if isinstance(module, nn.modules.lazy.LazyModuleMixin) and module.has_uninitialized_params():
+        lazy = isinstance(module, nn.modules.lazy.LazyModuleMixin)
+        if lazy and module.has_uninitialized_params():
             raise ValueError(f"layer {name!r} is lazy and has no weights yet: run a forward "
                              "pass with a dummy batch before initializing")
         if isinstance(module, nn.Conv2d):

@@ -14,6 +14,7 @@ os.environ.setdefault("DLPERF_DATA_DIR", str(Path(__file__).resolve().parent.par
                                               / "_build" / "test-data"))
 
 ROOT = Path(__file__).resolve().parent.parent
+EXECUTED = ROOT / "_build" / "jupyter_execute"
 
 
 def pytest_collection_modifyitems(config, items):
@@ -38,9 +39,22 @@ def built_book():
 
 @pytest.fixture(scope="session")
 def executed_page(built_book):
-    """``executed_page('chapters/hybridize')``: that page as the book build executed it."""
+    """``executed_page('chapters/hybridize')``: that page with the outputs the book build gave it."""
     def load(name: str) -> nbformat.NotebookNode:
-        path = ROOT / "_build" / "jupyter_execute" / f"{name}.ipynb"
+        path = EXECUTED / f"{name}.ipynb"
         assert path.exists(), f"{path} was not produced by the book build; is {name} in _toc.yml?"
-        return nbformat.read(path, as_version=4)
+        return with_outputs(nbformat.read(path, as_version=4))
     return load
+
+
+def with_outputs(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """The notebook with its outputs, also when the build took them from its cache.
+
+    On a cache hit myst-nb renders the cached outputs but writes the notebook to
+    _build/jupyter_execute *without* them, so they are read back from the cache.
+    """
+    if any(cell.get("outputs") for cell in nb.cells if cell.cell_type == "code"):
+        return nb
+    from jupyter_cache import get_cache
+    _, merged = get_cache(ROOT / "_build" / ".jupyter_cache").merge_match_into_notebook(nb)
+    return merged

@@ -1,7 +1,12 @@
 """Reading what an executed notebook printed, for the page tests."""
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import nbformat
+
+EXECUTED = Path(__file__).resolve().parent.parent / "_build" / "jupyter_execute"
 
 
 def page_text(nb: nbformat.NotebookNode) -> str:
@@ -16,12 +21,23 @@ def page_text(nb: nbformat.NotebookNode) -> str:
     return "\n".join(parts)
 
 
-def glued(nb: nbformat.NotebookNode) -> dict:
-    """The values a page glued with myst_nb.glue, as text/plain, by name."""
+def glued(nb: nbformat.NotebookNode, page: str = "") -> dict:
+    """The values a page glued with ``myst_nb.glue``, as text/plain, by name.
+
+    The book build moves glued values out of the notebook into
+    ``_build/jupyter_execute/<page>.glue.json``; a notebook executed directly
+    keeps them as outputs (under a prefixed MIME type when glued with
+    ``display=False``). Both are read.
+    """
     values = {}
+    glue_file = EXECUTED / f"{page}.glue.json"
+    if page and glue_file.exists():
+        for name, output in json.loads(glue_file.read_text()).items():
+            values[name] = output["data"]["text/plain"]
     for cell in nb.cells:
         for out in cell.get("outputs", []):
-            name = out.get("metadata", {}).get("scrapbook", {}).get("name")
-            if name and "text/plain" in out.get("data", {}):
-                values[name] = out["data"]["text/plain"]
+            scrapbook = out.get("metadata", {}).get("scrapbook", {})
+            key = scrapbook.get("mime_prefix", "") + "text/plain"
+            if "name" in scrapbook and key in out.get("data", {}):
+                values[scrapbook["name"]] = out["data"][key]
     return values

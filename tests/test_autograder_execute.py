@@ -91,7 +91,7 @@ def test_a_dying_kernel_is_reported_with_its_cell(tmp_path, server):
     nb = notebook("import os\nos._exit(3)", "print('never')")
     done = run(nb, tmp_path, "fork", server)
     assert done.ended == "kernel-died"
-    assert "cell 2" in done.message
+    assert "cell 3 of the executed notebook" in done.message  # after the two parameter cells
     assert cell_by_id(done.notebook, "c2").execution_count is None
 
 
@@ -136,3 +136,13 @@ def test_a_dead_fork_server_is_started_again(tmp_path):
         done = run(notebook("print('alive')"), tmp_path, "fork", server)
         assert stdout(cell_by_id(done.notebook, "c1")).strip() == "alive"
         assert server.restarts == 1
+
+
+def test_a_cell_that_ignores_the_interrupt_stops_the_run(tmp_path, server):
+    nb = notebook("import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n    pass",
+                  "print('never')")
+    start = time.perf_counter()
+    done = run(nb, tmp_path, "fork", server, limits=Limits(cell=1, notebook=60))
+    assert time.perf_counter() - start < 30
+    assert done.ended == "unresponsive" and "stopped responding" in done.message
+    assert cell_by_id(done.notebook, "c2").execution_count is None

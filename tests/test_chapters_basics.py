@@ -4,7 +4,6 @@ The integration tests read the pages as the book build executed them; the GPU
 tests run the claims (and the pages themselves) on CUDA, which the CPU-built
 book cannot show.
 """
-import json
 import re
 import time
 from pathlib import Path
@@ -12,53 +11,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import page_text
+from tests.helpers import glued, page_text
 
 ROOT = Path(__file__).resolve().parent.parent
-EXECUTED = ROOT / "_build" / "jupyter_execute"  # where the book build leaves executed pages
 PAGES = ["hybridize", "async-computation", "auto-parallelism", "hardware"]
-
-
-def with_outputs(nb):
-    """The page with its outputs, also when the book build took them from its cache.
-
-    On a cache hit, myst-nb renders the cached outputs but writes the notebook
-    *without* them to _build/jupyter_execute (the glue.json is complete); the
-    outputs are then read back from the build's jupyter-cache.
-    """
-    if any(cell.get("outputs") for cell in nb.cells if cell.cell_type == "code"):
-        return nb
-    from jupyter_cache import get_cache
-
-    _, merged = get_cache(EXECUTED.parent / ".jupyter_cache").merge_match_into_notebook(nb)
-    return merged
 
 
 def figures(nb):
     return sum("image/svg+xml" in out.get("data", {}) or "image/png" in out.get("data", {})
                for cell in nb.cells for out in cell.get("outputs", []))
-
-
-def glued(nb, page=None):
-    """Glued values by name, as text/plain.
-
-    The book build moves every glued value out of the executed notebook into
-    ``<page>.glue.json`` beside it; a notebook executed directly (the GPU tests)
-    keeps them as outputs, under a prefixed MIME type when glued with
-    ``display=False``. ``tests.helpers.glued`` reads neither, so this reads both.
-    """
-    values = {}
-    glue_file = EXECUTED / f"{page}.glue.json" if page else None
-    if glue_file is not None and glue_file.exists():
-        for name, output in json.loads(glue_file.read_text()).items():
-            values[name] = output["data"]["text/plain"]
-    for cell in nb.cells:
-        for out in cell.get("outputs", []):
-            scrapbook = out.get("metadata", {}).get("scrapbook", {})
-            key = scrapbook.get("mime_prefix", "") + "text/plain"
-            if "name" in scrapbook and key in out.get("data", {}):
-                values[scrapbook["name"]] = out["data"][key]
-    return values
 
 
 def number(values, name):
@@ -68,7 +29,7 @@ def number(values, name):
 @pytest.mark.integration
 @pytest.mark.parametrize("name", PAGES)
 def test_page_names_its_device_and_draws_figures(executed_page, name):
-    nb = with_outputs(executed_page(f"chapters/{name}"))
+    nb = executed_page(f"chapters/{name}")
     text = page_text(nb)
     assert "Run profile" in text
     assert re.search(r"(CPU: .+ threads? of \d+ cores|NVIDIA|Tesla|\(cuda:\d\))", text)
@@ -77,7 +38,7 @@ def test_page_names_its_device_and_draws_figures(executed_page, name):
 
 @pytest.mark.integration
 def test_hybridize_compiles_scripts_and_exports_faithfully(executed_page):
-    nb = with_outputs(executed_page("chapters/hybridize"))
+    nb = executed_page("chapters/hybridize")
     text, values = page_text(nb), glued(nb, "chapters/hybridize")
     assert "graph result equals imperative result: True" in text
     assert "operations in the graph: 6 before dead-code elimination, 4 after" in text
@@ -96,7 +57,7 @@ def test_hybridize_compiles_scripts_and_exports_faithfully(executed_page):
 
 @pytest.mark.integration
 def test_async_page_measures_the_queue_and_the_blockers(executed_page):
-    nb = with_outputs(executed_page("chapters/async-computation"))
+    nb = executed_page("chapters/async-computation")
     text, values = page_text(nb), glued(nb, "chapters/async-computation")
     assert number(values, "returned_ms") <= number(values, "finished_ms")
     assert "[['matmul', 'add'], ['mul'], ['sum_1']]" in text  # independent ops found by tracing
@@ -110,7 +71,7 @@ def test_async_page_measures_the_queue_and_the_blockers(executed_page):
 
 @pytest.mark.integration
 def test_auto_parallelism_runs_two_lanes_and_the_copy_pipeline(executed_page):
-    nb = with_outputs(executed_page("chapters/auto-parallelism"))
+    nb = executed_page("chapters/auto-parallelism")
     text, values = page_text(nb), glued(nb, "chapters/auto-parallelism")
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     expected = {0: "two CPU workers", 1: "one GPU and the CPU"}.get(gpus, "two GPUs")
@@ -123,7 +84,7 @@ def test_auto_parallelism_runs_two_lanes_and_the_copy_pipeline(executed_page):
 
 @pytest.mark.integration
 def test_hardware_keeps_quoted_and_measured_numbers_apart(executed_page):
-    nb = with_outputs(executed_page("chapters/hardware"))
+    nb = executed_page("chapters/hardware")
     text, values = page_text(nb), glued(nb, "chapters/hardware")
     for source in ["NVIDIA H100 datasheet", "NVIDIA H200 datasheet", "PCI-SIG"]:
         assert source in text

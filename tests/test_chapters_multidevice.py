@@ -21,7 +21,7 @@ def figures(nb) -> int:
 
 def test_multiple_gpus_from_scratch(executed_page):
     nb = executed_page("chapters/multiple-gpus")
-    text, values = page_text(nb), glued(nb)
+    text, values = page_text(nb), glued(nb, "chapters/multiple-gpus")
     if not ON_GPU:
         assert "No GPU found: using 2 CPU virtual devices" in text
         assert "ValueError: Expected a non cpu device" in text  # scatter refuses the CPU, shown
@@ -45,7 +45,7 @@ def test_multiple_gpus_from_scratch(executed_page):
 
 def test_multiple_gpus_concise(executed_page):
     nb = executed_page("chapters/multiple-gpus-concise")
-    text, values = page_text(nb), glued(nb)
+    text, values = page_text(nb), glued(nb, "chapters/multiple-gpus-concise")
     # the lazy-layer pitfall is shown, and init_resnet refuses lazy layers
     assert "['LazyConv2d', 'ReLU', 'Flatten', 'LazyLinear']" in text
     assert "init_resnet on a lazy layer: ValueError" in text
@@ -65,7 +65,7 @@ def test_multiple_gpus_concise(executed_page):
 
 def test_parameter_server(executed_page):
     nb = executed_page("chapters/parameter-server")
-    text, values = page_text(nb), glued(nb)
+    text, values = page_text(nb), glued(nb, "chapters/parameter-server")
     # the ring allreduce ran in 4 processes and equals dist.all_reduce
     assert number(values, "ring_all_equal") == 4
     assert text.count("ring [15, 15, 15, 15], all_reduce [15, 15, 15, 15], equal: True") == 4

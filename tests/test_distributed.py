@@ -6,6 +6,7 @@ torch); the checks are grouped so that few process groups are started.
 import json
 import multiprocessing
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -39,7 +40,10 @@ def simulate_ring(values):
         sent = {receiver: (chunk, state[sender][chunk]) for sender, receiver, chunk, _ in step}
         for receiver, (chunk, value) in sent.items():
             phase = step[0][3]
-            state[receiver][chunk] = state[receiver][chunk] + value if phase == "reduce-scatter" else value
+            if phase == "reduce-scatter":
+                state[receiver][chunk] += value
+            else:
+                state[receiver][chunk] = value
         states.append([list(v) for v in state])
     return states
 
@@ -167,8 +171,14 @@ def test_ddp_script_trains_two_processes_to_the_same_parameters(tmp_path):
                "--device=cpu", "--epochs=2", "--batch-size=32", "--width=8",
                "--max-train=256", "--max-test=128", f"--out={out}"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    run = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          env=env, start_new_session=True) as run:
+        try:
+            stdout, stderr = run.communicate(timeout=300)
+        except subprocess.TimeoutExpired:
+            os.killpg(run.pid, signal.SIGKILL)  # torchrun and its workers
+            raise
+    assert run.returncode == 0, stdout[-3000:] + stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["world_size"] == 2 and result["backend"] == "gloo"
     assert result["per_process_batch"] == 16 and result["synthetic"] is True
@@ -177,4 +187,4 @@ def test_ddp_script_trains_two_processes_to_the_same_parameters(tmp_path):
     assert all(s > 0 for s in result["seconds"])
     first, second = result["checksums"]
     assert first == second, "the two processes ended with different parameters"
-    assert "epoch 2: train loss" in run.stdout
+    assert "epoch 2: train loss" in stdout

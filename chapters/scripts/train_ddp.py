@@ -99,7 +99,7 @@ def evaluate(model, loader, device) -> float:
 
 
 def checksum(model) -> dict:
-    """Sum and SHA-256 of every parameter and buffer: equal on all ranks iff they agree bit for bit."""
+    """Sum and SHA-256 of all parameters and buffers: equal on all ranks iff they agree bit for bit."""
     digest, total = hashlib.sha256(), 0.0
     for tensor in list(model.parameters()) + list(model.buffers()):
         data = tensor.detach().cpu().contiguous()
@@ -112,7 +112,8 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     rank, world_size, device, backend = setup(args.device)
     if args.batch_size % world_size:
-        raise SystemExit(f"--batch-size {args.batch_size} must be divisible by {world_size} processes")
+        raise SystemExit(f"--batch-size {args.batch_size} must be divisible by the "
+                         f"{world_size} processes")
     if device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
         # Share the cores out instead of every process using all of them.
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
@@ -138,7 +139,8 @@ def main(argv=None) -> None:
     # DDP would also copy rank 0's weights to the others when it wraps the model.
     model = init_resnet(resnet18(num_classes=10, in_channels=1, width=args.width), seed=args.seed)
     model = model.to(device)
-    ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    device_ids = [device.index] if device.type == "cuda" else None  # None: CPU
+    ddp = DistributedDataParallel(model, device_ids=device_ids)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9)
 
     if rank == 0:
