@@ -188,7 +188,9 @@ def grade_submission(submission: Submission, source: Optional[SourceNotebook],
         return invalid(str(error), zero)
 
     workdir = prepare_workdir(submission, source)
-    log = Path(tempfile.mkstemp(prefix="autograder-kernel-", suffix=".log")[1])
+    handle, name = tempfile.mkstemp(prefix="autograder-kernel-", suffix=".log")
+    os.close(handle)
+    log = Path(name)  # the kernel's own stderr: why it failed to start, if it does
     try:
         env = {"DLPERF_PROFILE": options.profile, "NBGRADER_EXECUTION": "autograde"}
         if options.device == "cpu":

@@ -6,22 +6,33 @@ Fashion-MNIST (real or synthetic), timing and plots. Pages start with
 """
 from __future__ import annotations
 
+import importlib
 import platform
 
 import torch
 
-from .data import LABELS, fashion_mnist, load_fashion_mnist
 from .accelerators import describe, device, devices, gpu_count, synchronize
-from .plotting import bar_chart, plot_lines, plot_timeline, use_book_style
 from .profile import RunProfile, run_profile
-from .timing import Benchmark, compare, time_it, timing_table
 
-__all__ = [
-    "LABELS", "Benchmark", "RunProfile", "bar_chart", "compare", "describe", "device",
-    "devices", "fashion_mnist", "gpu_count", "load_fashion_mnist", "page_setup",
-    "plot_lines", "plot_timeline", "run_profile", "synchronize", "time_it",
-    "timing_table", "use_book_style",
-]
+# Names from heavier submodules (torchvision, pandas, matplotlib) load on first use, so a
+# process that needs only part of the package (each torchrun worker) does not pay for all.
+_LAZY = {
+    "LABELS": "data", "fashion_mnist": "data", "load_fashion_mnist": "data",
+    "bar_chart": "plotting", "plot_lines": "plotting", "plot_timeline": "plotting",
+    "use_book_style": "plotting",
+    "Benchmark": "timing", "compare": "timing", "time_it": "timing", "timing_table": "timing",
+}
+
+__all__ = sorted([*_LAZY, "RunProfile", "describe", "device", "devices", "gpu_count",
+                  "page_setup", "run_profile", "synchronize"])
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def environment_line(profile: RunProfile) -> str:
@@ -34,6 +45,7 @@ def environment_line(profile: RunProfile) -> str:
 
 def page_setup(seed: int = 0) -> RunProfile:
     """First cell of every page: plot style, a fixed seed, and one line saying where we run."""
+    from .plotting import use_book_style
     use_book_style()
     torch.manual_seed(seed)
     profile = run_profile()

@@ -86,6 +86,15 @@ REFERENCE: List[Reference] = [
 ]
 
 
+def quoted(component: str) -> Reference:
+    """The quoted ``Reference`` of a component by its exact name, e.g. ``quoted("PCIe 4.0 x16")``."""
+    for ref in REFERENCE:
+        if ref.component == component:
+            return ref
+    raise KeyError(f"no quoted number for {component!r}; known: "
+                   f"{', '.join(r.component for r in REFERENCE)}")
+
+
 def reference_table(group: Optional[str] = None) -> pd.DataFrame:
     """The quoted numbers as a table (optionally one group), with their sources."""
     rows = [r for r in REFERENCE if group is None or r.group == group]

@@ -138,3 +138,10 @@ def test_gpu_peak_and_l2_are_reported_for_the_real_device():
         assert peak.tflops > 0
     else:
         assert torch.cuda.get_device_name(device) in peak.explanation
+
+
+def test_quoted_finds_a_component_by_name_and_names_the_known_ones():
+    from dlperf.hardware import quoted
+    assert quoted("PCIe 4.0 x16").bandwidth_gbs == pytest.approx(31.5)
+    with pytest.raises(KeyError, match="PCIe 5.0 x16"):
+        quoted("PCIe 9.0 x16")
