@@ -39,9 +39,12 @@ def parser() -> argparse.ArgumentParser:
         "grade", help="grade a folder of submissions (nbgrader's submitted/ layout)",
         description="Grade SUBMITTED/<student_id>/<assignment>/<notebook>.ipynb against the "
                     "instructor's notebooks; write OUT/grades.csv and per-submission results.")
-    grade.add_argument("submitted", type=Path, metavar="SUBMITTED")
-    grade.add_argument("--assignment", required=True, metavar="NAME")
-    grade.add_argument("--out", required=True, type=Path, metavar="OUT")
+    grade.add_argument("submitted", type=Path, metavar="SUBMITTED",
+                       help="folder of submissions: SUBMITTED/<student_id>/<assignment>/*.ipynb")
+    grade.add_argument("--assignment", required=True, metavar="NAME",
+                       help="the assignment (a folder of the course's source directory)")
+    grade.add_argument("--out", required=True, type=Path, metavar="OUT",
+                       help="where grades.csv, the results and the executed notebooks go")
     grade.add_argument("--jobs", type=_positive(int), default=available_cores(), metavar="N",
                        help="submissions graded at once, each in its own kernel "
                             "(default: the number of cores, %(default)s here)")
@@ -68,11 +71,13 @@ def parser() -> argparse.ArgumentParser:
     check = commands.add_parser(
         "check", help="run the visible tests of your notebook and show which pass",
         description="Run the visible tests of NOTEBOOK and print which pass, with the points.")
-    check.add_argument("notebook", type=Path, metavar="NOTEBOOK")
+    check.add_argument("notebook", type=Path, metavar="NOTEBOOK", help="your notebook")
     check.add_argument("--source", type=Path, default=None, metavar="RELEASED",
                        help="the released notebook to take the tests from (default: NOTEBOOK)")
-    check.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
-    check.add_argument("--profile", choices=("quick", "full"), default="quick")
+    check.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                       help="auto uses CUDA when PyTorch sees a GPU (GPU-only tests need it)")
+    check.add_argument("--profile", choices=("quick", "full"), default="quick",
+                       help="run profile for the notebook (default %(default)s)")
     check.add_argument("--timeout", type=_positive(float), default=DEFAULT_TIMEOUT,
                        metavar="SECONDS", help="time limit for the notebook")
     return top

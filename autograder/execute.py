@@ -76,7 +76,8 @@ def _mark_timeout(cell, execute_reply, **_) -> None:
     if content.get("ename") != TIMEOUT_ENAME:
         return
     cell.outputs = [o for o in cell.get("outputs", [])
-                    if not (o.get("output_type") == "error" and o.get("ename") == "KeyboardInterrupt")]
+                    if not (o.get("output_type") == "error"
+                            and o.get("ename") == "KeyboardInterrupt")]
     cell.outputs.append(nbformat.v4.new_output(
         "error", ename=TIMEOUT_ENAME, evalue=content.get("evalue", ""), traceback=[]))
 
@@ -126,7 +127,8 @@ def execute(nb: nbformat.NotebookNode, workdir: Path, *, parameters: Dict[str, o
             allow_errors=True, interrupt_on_timeout=True,
             error_on_timeout={
                 "ename": TIMEOUT_ENAME,
-                "evalue": f"the cell ran longer than the {limits.cell:g} s limit and was interrupted",
+                "evalue": (f"the cell ran longer than the {limits.cell:g} s limit "
+                           "and was interrupted"),
                 "traceback": [],
             },
             shutdown_kernel="immediate",

@@ -17,7 +17,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, Iterable, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import nbformat
 
@@ -206,7 +206,8 @@ def grade_submission(submission: Submission, source: Optional[SourceNotebook],
             shutil.rmtree(workdir, ignore_errors=True)
 
     tests = judge(execution.notebook, rebuilt.tests, rebuilt.manual, stopped=execution.message)
-    if execution.ended in ("notebook-timeout", "unresponsive") or _timed_out_cells(execution.notebook):
+    stopped_by_a_limit = execution.ended in ("notebook-timeout", "unresponsive")
+    if stopped_by_a_limit or _timed_out_cells(execution.notebook):
         status = TIMEOUT
     elif not execution.completed:
         status = ERROR

@@ -31,7 +31,9 @@ from .rebuild import ManualCell, TestCell
 
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 ARROW = re.compile(r"^\s*-*>\s*\d+\s(.*)$")  # IPython's "----> 3 assert x == 1"
-NUMBER = re.compile(r"^(?:np\.\w+\(|numpy\.\w+\()?\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*\)?$")
+# A number, bare or as NumPy shows its scalars: 1.5, np.float64(1.5)
+NUMBER = re.compile(r"^(?:np\.\w+\(|numpy\.\w+\()?\s*"
+                    r"([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*\)?$")
 MAX_OUTPUT = 2000
 
 PASSED, PARTIAL, FAILED, NOT_RUN, SKIPPED, MANUAL, HIDDEN_ONLY = (
@@ -112,7 +114,8 @@ def judge_test(cell: Optional[dict], test: TestCell, stopped: str = "") -> TestR
                           _clip(output), test.hidden)
 
     if test.skipped:
-        return result(0.0, SKIPPED, "Skipped: this test needs a CUDA GPU and this run used the CPU.")
+        return result(0.0, SKIPPED,
+                      "Skipped: this test needs a CUDA GPU and this run used the CPU.")
     if cell is None:
         return result(0.0, NOT_RUN, "Not run: the test cell is missing from the executed notebook.")
     outputs = cell.get("outputs", [])

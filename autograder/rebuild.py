@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 import nbformat
-from nbformat.v4 import new_code_cell, new_notebook
+from nbformat.v4 import new_notebook
 
 DEVICES = ("cpu", "cuda")
 PROFILES = ("quick", "full")

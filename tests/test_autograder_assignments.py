@@ -10,7 +10,6 @@ in the score nor in the maximum.
 """
 from __future__ import annotations
 
-import copy
 import csv
 import json
 import os
@@ -85,8 +84,9 @@ def graded(tmp_path_factory):
             nbformat.write(nb, str(folder / f"{notebook}.ipynb"))
         out, db = base / assignment / "out", base / assignment / "gradebook.db"
         done = subprocess.run(
-            [sys.executable, "-m", "autograder", "grade", str(submitted), "--assignment", assignment,
-             "--out", str(out), "--gradebook", f"sqlite:///{db}", "--no-progress"],
+            [sys.executable, "-m", "autograder", "grade", str(submitted),
+             "--assignment", assignment, "--out", str(out), "--gradebook", f"sqlite:///{db}",
+             "--no-progress"],
             cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True,
             timeout=1800)
         assert done.returncode == 0, f"{assignment}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"

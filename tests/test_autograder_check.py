@@ -28,7 +28,8 @@ def test_render_lists_each_test_and_the_points():
     report = CheckReport(
         notebook=Path("/work/demo.ipynb"), seconds=1.26, device="cpu",
         tests=[TestResult("test_a", 2.0, 2.0, PASSED, ""),
-               TestResult("test_b", 1.0, 0.0, FAILED, "AssertionError: b is wrong\n  in the test line"),
+               TestResult("test_b", 1.0, 0.0, FAILED,
+                          "AssertionError: b is wrong\n  in the test line"),
                TestResult("test_c_gpu", 1.0, 0.0, SKIPPED, "Skipped: needs CUDA"),
                TestResult("test_d", 3.0, 0.0, HIDDEN_ONLY, "Hidden tests only")],
         edited=["test_b"])

@@ -142,7 +142,8 @@ def test_grade_options_keep_the_interface():
 
 @pytest.mark.integration
 def test_check_shows_each_visible_test(tmp_path):
-    path = write(tmp_path, "me", answered(squares="def squares(n):\n    return [k * k for k in range(1, n + 1)]"))
+    off_by_one = "def squares(n):\n    return [k * k for k in range(1, n + 1)]"
+    path = write(tmp_path, "me", answered(squares=off_by_one))
     done = autograder("check", path, "--device", "cpu")
     assert done.returncode == 1, done.stderr[-3000:]
     lines = done.stdout.splitlines()

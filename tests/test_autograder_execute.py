@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import time
 
-import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
@@ -139,8 +138,8 @@ def test_a_dead_fork_server_is_started_again(tmp_path):
 
 
 def test_a_cell_that_ignores_the_interrupt_stops_the_run(tmp_path, server):
-    nb = notebook("import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n    pass",
-                  "print('never')")
+    stubborn = "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n    pass"
+    nb = notebook(stubborn, "print('never')")
     start = time.perf_counter()
     done = run(nb, tmp_path, "fork", server, limits=Limits(cell=1, notebook=60))
     assert time.perf_counter() - start < 30

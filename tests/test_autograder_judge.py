@@ -106,7 +106,8 @@ def test_manual_cells_are_listed_after_the_tests():
 def test_describe_error_without_traceback():
     assert describe_error({"ename": "NameError", "evalue": "name 'f' is not defined",
                            "traceback": []}, hidden=False) == "NameError: name 'f' is not defined"
-    assert describe_error({"ename": "AssertionError", "evalue": ""}, hidden=True) == "AssertionError"
+    bare = {"ename": "AssertionError", "evalue": ""}
+    assert describe_error(bare, hidden=True) == "AssertionError"
 
 
 def test_judge_is_a_pure_function_of_the_notebook():

@@ -53,7 +53,8 @@ def test_gradescope_format():
     tests = {t["name"]: t for t in data["tests"]}
     for test in data["tests"]:
         assert {"name", "score", "max_score", "output", "visibility"} <= set(test)
-    assert tests["t_visible"]["status"] == "passed" and tests["t_visible"]["visibility"] == "visible"
+    assert tests["t_visible"]["status"] == "passed"
+    assert tests["t_visible"]["visibility"] == "visible"
     assert tests["t_hidden"]["status"] == "failed"
     assert tests["t_hidden"]["visibility"] == "after_published"
     assert tests["t_partial"]["status"] == "failed" and tests["t_partial"]["score"] == 0.5
@@ -65,7 +66,8 @@ def test_gradescope_format():
 
 def test_results_and_executed_notebook_go_where_nbgrader_puts_them(tmp_path):
     written = write_submission(result(), tmp_path)
-    assert written == [tmp_path / "ann" / "a1" / "nb.results.json", tmp_path / "ann" / "a1" / "nb.ipynb"]
+    folder = tmp_path / "ann" / "a1"
+    assert written == [folder / "nb.results.json", folder / "nb.ipynb"]
     nbformat.read(str(written[1]), as_version=4)
     only_json = write_submission(result("bob", "invalid", executed=False), tmp_path)
     assert only_json == [tmp_path / "bob" / "a1" / "nb.results.json"]

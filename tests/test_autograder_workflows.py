@@ -50,8 +50,8 @@ def test_actionlint_finds_nothing(tmp_path):
 
 def test_actionlint_does_catch_mistakes(tmp_path):
     broken = tmp_path / "broken.yml"
-    broken.write_text(GRADE.read_text().replace("runs-on: [self-hosted, gpu]",
-                                                "runs-on: [self-hosted, gpu]\n    if: ${{ nope( }}"))
+    bad_expression = "runs-on: [self-hosted, gpu]\n    if: ${{ nope( }}"
+    broken.write_text(GRADE.read_text().replace("runs-on: [self-hosted, gpu]", bad_expression))
     config = tmp_path / "actionlint.yaml"
     config.write_text(ACTIONLINT_CONFIG)
     done = subprocess.run([actionlint(), "-color=false", "-config-file", str(config), str(broken)],

@@ -1,4 +1,4 @@
-"""Submissions of the fixture assignment ``demo`` (course in ``course/``), for the autograder's tests.
+"""Submissions of the fixture assignment ``demo`` (in ``course/``) for the autograder's tests.
 
 ``course/solutions/demo/demo.ipynb`` is an instructor notebook with nbgrader metadata;
 ``course/exercises/demo/demo.ipynb`` is what ``nbgrader generate_assignment demo`` made of it.
@@ -63,8 +63,8 @@ def graded_cases() -> Dict[str, tuple]:
         "released": (released(), 0.0),
         "correct": (answered(), 8.0),
         # squares off by one: test_squares fails (2) and half of test_partial (1)
-        "off_by_one": (answered(squares="def squares(n):\n    return [k * k for k in range(1, n + 1)]"),
-                       5.0),
+        "off_by_one": (answered(squares="def squares(n):\n"
+                                        "    return [k * k for k in range(1, n + 1)]"), 5.0),
         # mean([]) raises ZeroDivisionError, not ValueError: only the hidden test fails (2)
         "no_empty_check": (answered(mean="def mean(values):\n    values = list(values)\n"
                                          "    return sum(values) / len(values)"), 6.0),
