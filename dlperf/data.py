@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Optional, Tuple
 
 import numpy as np
-import torch
 import torchvision
 from torch.utils import data
 from torchvision import transforms

@@ -9,60 +9,24 @@ tests/wrong_submissions/ loses exactly the points it lists.
 from __future__ import annotations
 
 import ast
-import copy
 import os
 import re
 import shutil
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import nbformat
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-SOLUTIONS = ROOT / "solutions"
-EXERCISES = ROOT / "exercises"
-WRONG_SUBMISSIONS = Path(__file__).resolve().parent / "wrong_submissions"
-
-# assignment -> its notebook's name (one notebook per assignment)
-ASSIGNMENTS = {path.parent.name: path.stem for path in sorted(SOLUTIONS.glob("*/*.ipynb"))}
-WRONG = sorted(WRONG_SUBMISSIONS.glob("*/*.toml"))
-
-HIDDEN = re.compile(r"^[ \t]*### BEGIN HIDDEN TESTS.*?### END HIDDEN TESTS[ \t]*\n?",
-                    re.DOTALL | re.MULTILINE)
-SOLUTION = re.compile(r"^[ \t]*### (BEGIN|END) SOLUTION[ \t]*\n?", re.MULTILINE)
-SOLUTION_BLOCK = re.compile(r"^[ \t]*### BEGIN SOLUTION.*?### END SOLUTION[ \t]*\n?",
-                            re.DOTALL | re.MULTILINE)
+from tests.assignments import (ASSIGNMENTS, EXERCISES, HIDDEN, ROOT, SOLUTION_BLOCK, SOLUTIONS, WRONG,
+                               answer_cells, expected_losses, grade_cells, load_wrong,
+                               nbgrader_meta, release_notebook, solution_notebook, submission)
 
 
 # ---------------------------------------------------------------------------------------------
 # Helpers
-
-
-def nbgrader_meta(cell) -> dict:
-    return cell.get("metadata", {}).get("nbgrader", {})
-
-
-def grade_cells(nb) -> dict:
-    """grade_id -> cell, for the autograded test cells."""
-    return {nbgrader_meta(c)["grade_id"]: c for c in nb.cells
-            if nbgrader_meta(c).get("grade") and not nbgrader_meta(c).get("solution")}
-
-
-def answer_cells(nb) -> dict:
-    """grade_id -> cell, for the cells the learner writes code in."""
-    return {nbgrader_meta(c)["grade_id"]: c for c in nb.cells if nbgrader_meta(c).get("solution")}
-
-
-def solution_notebook(assignment: str):
-    return nbformat.read(SOLUTIONS / assignment / f"{ASSIGNMENTS[assignment]}.ipynb", as_version=4)
-
-
-def release_notebook(assignment: str):
-    return nbformat.read(EXERCISES / assignment / f"{ASSIGNMENTS[assignment]}.ipynb", as_version=4)
 
 
 def nbgrader_env() -> dict:
@@ -88,34 +52,6 @@ def new_course(path: Path) -> Path:
     shutil.copy(ROOT / "nbgrader_config.py", path / "nbgrader_config.py")
     shutil.copytree(SOLUTIONS, path / "solutions")
     return path
-
-
-def load_wrong(path: Path) -> dict:
-    with open(path, "rb") as f:
-        case = tomllib.load(f)
-    case["name"] = path.stem
-    case["student"] = f"wrong_{path.stem}"
-    return case
-
-
-def expected_losses(case: dict, cuda: bool) -> dict:
-    losses = dict(case.get("loses", {}))
-    extra = case.get("loses_with_gpu" if cuda else "loses_without_gpu", {})
-    for grade_id, points in extra.items():
-        losses[grade_id] = losses.get(grade_id, 0) + points
-    return losses
-
-
-def submission(assignment: str, answers: dict):
-    """The release notebook with the learner's code in its answer cells (the solution's elsewhere)."""
-    nb = copy.deepcopy(release_notebook(assignment))
-    solved = answer_cells(solution_notebook(assignment))
-    for grade_id, cell in answer_cells(nb).items():
-        code = answers.get(grade_id)
-        if code is None:
-            code = SOLUTION.sub("", solved[grade_id].source)
-        cell.source = code.strip("\n")
-    return nb
 
 
 def assert_no_outputs(nb, where: str) -> None:

@@ -13,52 +13,26 @@ from __future__ import annotations
 import csv
 import json
 import os
-import re
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import nbformat
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-SOLUTIONS, EXERCISES = ROOT / "solutions", ROOT / "exercises"
-WRONG = sorted((Path(__file__).resolve().parent / "wrong_submissions").glob("*/*.toml"))
-ASSIGNMENTS = {p.parent.name: p.stem for p in sorted(SOLUTIONS.glob("*/*.ipynb"))}
-SOLUTION_MARKERS = re.compile(r"^[ \t]*### (BEGIN|END) SOLUTION[ \t]*\n?", re.MULTILINE)
+from tests.assignments import (ASSIGNMENTS, EXERCISES, ROOT, SOLUTIONS, WRONG, expected_losses,
+                               load_wrong, submission)
+
 CUDA = torch.cuda.is_available()
-
-pytestmark = pytest.mark.integration
-
-
-def answer_cells(nb) -> dict:
-    return {c.metadata["nbgrader"]["grade_id"]: c for c in nb.cells
-            if c.get("metadata", {}).get("nbgrader", {}).get("solution")}
 
 
 def wrong_case(path: Path) -> dict:
-    case = tomllib.loads(path.read_text())
-    case["student"] = f"wrong_{path.stem}"
-    losses = dict(case.get("loses", {}))
-    for grade_id, points in case.get("loses_with_gpu" if CUDA else "loses_without_gpu", {}).items():
-        losses[grade_id] = losses.get(grade_id, 0) + points
-    case["losses"] = losses
+    case = load_wrong(path)
+    case["losses"] = expected_losses(case, CUDA)
     return case
 
-
-def wrong_notebook(assignment: str, answers: dict):
-    """The release with the learner's code in the answer cells (the solution's elsewhere)."""
-    notebook = ASSIGNMENTS[assignment]
-    nb = nbformat.read(str(EXERCISES / assignment / f"{notebook}.ipynb"), as_version=4)
-    solved = answer_cells(nbformat.read(str(SOLUTIONS / assignment / f"{notebook}.ipynb"),
-                                        as_version=4))
-    for grade_id, cell in answer_cells(nb).items():
-        code = answers.get(grade_id)
-        cell.source = (code if code is not None
-                       else SOLUTION_MARKERS.sub("", solved[grade_id].source)).strip("\n")
-    return nb
+pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +51,7 @@ def graded(tmp_path_factory):
         for path in WRONG:
             case = wrong_case(path)
             if case["assignment"] == assignment:
-                cases[case["student"]] = wrong_notebook(assignment, case["answers"])
+                cases[case["student"]] = submission(assignment, case["answers"])
         for student, nb in cases.items():
             folder = submitted / student / assignment
             folder.mkdir(parents=True)
