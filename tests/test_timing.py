@@ -65,3 +65,15 @@ def test_compare_times_every_candidate():
     assert list(table.index) == ["a", "b"] and (table["runs"] == 2).all()
     with pytest.raises(ValueError):
         compare({})
+
+
+def test_timing_table_also_compares_the_fastest_runs():
+    table = timing_table({"slow": [0.004, 0.002, 0.003], "fast": [0.001, 0.0015, 0.001]})
+    assert table.loc["fast", "speedup (fastest runs)"] == pytest.approx(2.0)
+    assert table.loc["slow", "speedup (fastest runs)"] == pytest.approx(1.0)
+
+
+def test_compare_interleaves_the_candidates_round_by_round():
+    calls = []
+    compare({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, repeat=3, warmup=1)
+    assert calls == ["a", "b"] + ["a", "b"] * 3
