@@ -1,0 +1,372 @@
+"""Sphinx extension of the course book: launch links, published notebooks, and the status page.
+
+Loaded by ``_config.yml`` (``sphinx.extra_extensions``). It does three jobs.
+
+**Notebooks for the chapters.** The chapters are MyST Markdown files, and Colab
+and Binder open only ``.ipynb`` files. sphinx-book-theme already copies each
+executed chapter to ``_build/html/_sources/<page>.ipynb`` for its download
+button, but its launch buttons point at ``<page>.ipynb`` *in the repository*,
+which does not exist for a ``.md`` page. So at the end of the build this
+extension writes the notebook people should open (the executed chapter, with
+the outputs of this build and a first cell that installs ``dlperf`` where it is
+missing) to ``_sources/<page>.ipynb``, and points the Colab and Binder buttons
+of those pages at that file on the branch the built book is published to
+(``dlperf_pages_branch``, ``gh-pages``: ``.github/workflows/book.yml`` pushes
+``_build/html`` there). Binder builds its environment from that branch too,
+from the ``binder/requirements.txt`` written here. Pages that *are* notebooks
+in the repository (the assignments) keep the theme's links to ``main``.
+:func:`launch_links` is the one place where these URLs are made; the
+``launch-links`` directive puts the same links on any page.
+
+**The status page.** The ``course-status`` directive leaves a placeholder that
+is filled in when the page is *written*, after every page of the build has been
+read (and executed, or taken from the jupyter-cache). So the table is right on
+the first build of a clean clone, whatever order the pages are read in. For
+each executed page it shows what myst-nb recorded (when it ran, how long it
+took) and the line ``dlperf.page_setup()`` printed in its first cell (run
+profile, PyTorch and Python versions, hardware), read from the page's executed
+outputs. The page is rewritten on every build, because its content depends on
+other pages. The runs measured on GPUs, which the machine building the book
+usually lacks, come from ``status/gpu-runs.json`` (see :mod:`dlperf.status`).
+The same records are written to ``_build/html/status.json``.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import re
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+from urllib.parse import quote
+
+from docutils import nodes
+from docutils.parsers.rst import directives
+from sphinx.application import Sphinx
+from sphinx.transforms.post_transforms import SphinxPostTransform
+from sphinx.util import logging
+from sphinx.util.docutils import SphinxDirective
+
+LOGGER = logging.getLogger(__name__)
+ROOT = Path(__file__).resolve().parent.parent
+GPU_RUNS = Path("status") / "gpu-runs.json"   # relative to the book's source folder
+ENVIRONMENT_LINE = re.compile(
+    r"Run profile (?P<profile>.*); PyTorch (?P<torch>[^,]+), Python (?P<python>[^;]+); "
+    r"(?P<hardware>.+)")
+
+# The first cell of every published chapter notebook. In the course's own
+# environment dlperf is installed and the cell does nothing.
+SETUP_CELL = '''\
+# Colab and Binder: install the course's helper package, dlperf, where it is missing.
+import importlib.util
+
+if importlib.util.find_spec("dlperf") is None:
+    %pip install --quiet "dlperf @ git+{repo_url}@{branch}"'''
+
+# What Binder installs for the published notebooks (pins taken from requirements.txt);
+# CPU wheels of PyTorch, since Binder has no GPU.
+BINDER_PACKAGES = ("torch", "torchvision", "numpy", "pandas", "scipy", "matplotlib",
+                   "matplotlib-inline", "requests", "Pillow")
+
+
+# --- launch links ---------------------------------------------------------------------------
+
+def _repository(app: Sphinx) -> Optional[Dict[str, str]]:
+    options = app.config.html_theme_options
+    url = options.get("repository_url", "").rstrip("/")
+    match = re.match(r"https://github\.com/([^/]+)/([^/]+)$", url)
+    if not match:
+        return None
+    return {"url": url, "org": match[1], "repo": match[2],
+            "branch": options.get("repository_branch") or "main"}
+
+
+def launch_links(app: Sphinx, path: str) -> Dict[str, str]:
+    """``{"Colab": url, "Binder": url}`` for ``path``, a notebook of the repository or of the site.
+
+    ``path`` is either a notebook committed to the repository (``exercises/a/a.ipynb``)
+    or the published copy of a chapter (``_sources/chapters/x.ipynb``), which lives on
+    the ``dlperf_pages_branch`` of the repository.
+    """
+    repo = _repository(app)
+    if repo is None:
+        return {}
+    branch = app.config.dlperf_pages_branch if path.startswith("_sources/") else repo["branch"]
+    options = app.config.html_theme_options.get("launch_buttons", {})
+    interface = {"classic": "tree", "jupyterlab": "lab/tree"}[
+        options.get("notebook_interface", "jupyterlab")]
+    links = {}
+    colab = options.get("colab_url", "").rstrip("/")
+    if colab:
+        links["Colab"] = f"{colab}/github/{repo['org']}/{repo['repo']}/blob/{branch}/{path}"
+    binder = options.get("binderhub_url", "").rstrip("/")
+    if binder:
+        links["Binder"] = (f"{binder}/v2/gh/{repo['org']}/{repo['repo']}/{branch}"
+                           f"?urlpath={quote(f'{interface}/{path}')}")
+    return links
+
+
+def _is_markdown_notebook(app: Sphinx, pagename: str, context: Dict[str, Any]) -> bool:
+    return ("kernelspec" in app.env.metadata.get(pagename, {})
+            and context.get("sourcename", "").endswith((".md", ".md.txt")))
+
+
+def rewrite_launch_buttons(app: Sphinx, pagename: str, templatename: str,
+                           context: Dict[str, Any], doctree) -> None:
+    """Point the Colab and Binder buttons of a MyST chapter at its published notebook."""
+    if not _is_markdown_notebook(app, pagename, context):
+        return
+    links = launch_links(app, f"_sources/{pagename}.ipynb")
+    for group in context.get("header_buttons", []):
+        if group.get("label") != "launch-buttons":
+            continue
+        for button in group["buttons"]:
+            if button.get("text") in links:
+                button["url"] = links[button["text"]]
+
+
+class LaunchLinks(SphinxDirective):
+    """``launch-links`` *notebook*: download, Colab and Binder links for a repository notebook.
+
+    The argument is the notebook's path from the book's root, e.g.
+    ``exercises/benchmark/benchmark.ipynb``.
+    """
+
+    required_arguments = 1
+
+    def run(self):
+        path = self.arguments[0].strip("/")
+        if not (Path(self.env.srcdir) / path).exists():
+            raise self.error(f"launch-links: {path} does not exist")
+        self.env.note_dependency(str(Path(self.env.srcdir) / path))
+        from sphinx import addnodes
+        items = nodes.bullet_list(classes=["dlperf-launch-links"])
+        download = addnodes.download_reference(
+            "", "", nodes.literal(text=Path(path).name), refdoc=self.env.docname,
+            reftarget="/" + path, refexplicit=True, refdomain="", reftype="download")
+        entry = nodes.paragraph("", "Download the notebook ")
+        entry += download
+        entry += nodes.Text(" and open it in your own JupyterLab.")
+        items += nodes.list_item("", entry)
+        names = {"Colab": "Google Colab", "Binder": "Binder (JupyterLab in the browser)"}
+        for name, url in launch_links(self.env.app, path).items():
+            entry = nodes.paragraph("", "Open it in ")
+            entry += nodes.reference("", names[name], refuri=url)
+            entry += nodes.Text(".")
+            items += nodes.list_item("", entry)
+        return [items]
+
+
+def publish_notebooks(app: Sphinx, exception: Optional[Exception]) -> None:
+    """Write the notebook of each MyST chapter, and Binder's environment, into the site."""
+    if exception is not None or app.builder.format != "html":
+        return
+    import nbformat
+    out = Path(app.outdir)
+    repo = _repository(app)
+    for pagename in sorted(app.env.found_docs):
+        if not ("kernelspec" in app.env.metadata.get(pagename, {})
+                and str(app.env.doc2path(pagename)).endswith(".md")):
+            continue
+        executed = out.parent / "jupyter_execute" / f"{pagename}.ipynb"
+        if not executed.exists():
+            continue
+        nb = _with_cached_outputs(app, nbformat.read(executed, as_version=4))
+        if repo is not None:
+            setup = nbformat.v4.new_code_cell(
+                SETUP_CELL.format(repo_url=repo["url"], branch=repo["branch"]))
+            setup.metadata["tags"] = ["dlperf-setup"]
+            nb.cells.insert(0, setup)
+        nb.metadata.pop("jupytext", None)
+        target = out / "_sources" / f"{pagename}.ipynb"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        nbformat.write(nb, target)
+    _write_binder_environment(app, out)
+
+
+def _with_cached_outputs(app: Sphinx, nb):
+    """The executed notebook with its outputs (myst-nb drops them on a cache hit)."""
+    if any(cell.get("outputs") for cell in nb.cells if cell.cell_type == "code"):
+        return nb
+    # myst-nb's default, as in myst_nb.sphinx_ext, when execute.cache is not set
+    cache_path = app.config.nb_execution_cache_path or str(Path(app.outdir).parent / ".jupyter_cache")
+    if not Path(cache_path).exists():
+        return nb
+    try:
+        from jupyter_cache import get_cache
+        _, merged = get_cache(cache_path).merge_match_into_notebook(copy.deepcopy(nb))
+        return merged
+    except (KeyError, OSError, ValueError):
+        return nb
+
+
+def _write_binder_environment(app: Sphinx, out: Path) -> None:
+    requirements = Path(app.srcdir) / "requirements.txt"
+    if not requirements.exists():
+        return
+    pins = {}
+    for line in requirements.read_text().splitlines():
+        name = re.split(r"[<>=!~\[ ]", line.strip(), maxsplit=1)[0]
+        if name in BINDER_PACKAGES:
+            pins[name] = line.strip()
+    lines = ["# Binder's environment for the published chapter notebooks; written by the book build",
+             "# (dlperf/sphinxext.py) from requirements.txt. Each notebook installs dlperf itself.",
+             "--extra-index-url https://download.pytorch.org/whl/cpu",
+             *(pins[name] for name in BINDER_PACKAGES if name in pins)]
+    (out / "binder").mkdir(exist_ok=True)
+    (out / "binder" / "requirements.txt").write_text("\n".join(lines) + "\n")
+    (out / ".nojekyll").touch()  # GitHub Pages must serve _static/ and _sources/ as they are
+
+
+# --- status page ----------------------------------------------------------------------------
+
+class StatusPlaceholder(nodes.General, nodes.Element):
+    """Where the ``course-status`` directive's tables go once every page has been read."""
+
+
+class CourseStatus(SphinxDirective):
+    """``course-status``: tables of the latest run of every executed page, and of the GPU runs."""
+
+    option_spec = {"gpu-runs": directives.unchanged}
+
+    def run(self):
+        docs = getattr(self.env, "dlperf_status_docs", set())
+        self.env.dlperf_status_docs = docs | {self.env.docname}
+        return [StatusPlaceholder(gpu_runs=self.options.get("gpu-runs", str(GPU_RUNS)))]
+
+
+def record_run(app: Sphinx, doctree: nodes.document) -> None:
+    """After a page is read: remember how it ran (myst-nb's record, and its environment line)."""
+    from myst_nb.sphinx_ import NbMetadataCollector
+    env = app.env
+    data = NbMetadataCollector.get_exec_data(env, env.docname)
+    runs = getattr(env, "dlperf_runs", {})
+    runs.pop(env.docname, None)
+    if data:
+        found = None
+        for node in doctree.findall(nodes.literal_block):
+            found = ENVIRONMENT_LINE.search(node.astext())
+            if found:
+                break
+        title = env.titles.get(env.docname)
+        runs[env.docname] = {
+            "page": env.docname,
+            "title": title.astext() if title is not None else env.docname,
+            "ran_at": (datetime.fromtimestamp(data["mtime"], timezone.utc).isoformat(timespec="seconds")
+                       if data.get("mtime") else None),
+            "seconds": round(data["runtime"], 1) if data.get("runtime") is not None else None,
+            "succeeded": bool(data.get("succeeded")),
+            **({key: value.strip() for key, value in found.groupdict().items()} if found else {}),
+        }
+    env.dlperf_runs = runs
+
+
+def purge_doc(app: Sphinx, env, docname: str) -> None:
+    getattr(env, "dlperf_runs", {}).pop(docname, None)
+    getattr(env, "dlperf_status_docs", set()).discard(docname)
+
+
+def merge_info(app: Sphinx, env, docnames, other) -> None:
+    env.dlperf_runs = {**getattr(env, "dlperf_runs", {}),
+                       **{d: r for d, r in getattr(other, "dlperf_runs", {}).items() if d in docnames}}
+    env.dlperf_status_docs = (getattr(env, "dlperf_status_docs", set())
+                              | (getattr(other, "dlperf_status_docs", set()) & set(docnames)))
+
+
+def status_pages(app: Sphinx, env) -> List[str]:
+    """Status pages are written on every build: their content comes from the other pages."""
+    return sorted(getattr(env, "dlperf_status_docs", set()))
+
+
+def load_gpu_runs(path: Path) -> List[Dict[str, Any]]:
+    if not path.exists():
+        return []
+    return json.loads(path.read_text()).get("runs", [])
+
+
+def _table(header: List[str], rows: List[List[nodes.Node]]) -> nodes.table:
+    table = nodes.table(classes=["colwidths-auto", "dlperf-status"])
+    group = nodes.tgroup(cols=len(header))
+    table += group
+    group.extend(nodes.colspec(colwidth=1) for _ in header)
+    head = nodes.thead()
+    group += head
+    head += nodes.row("", *(nodes.entry("", nodes.paragraph(text=h)) for h in header))
+    body = nodes.tbody()
+    group += body
+    for cells in rows:
+        body += nodes.row("", *(nodes.entry("", nodes.paragraph("", "", cell)) for cell in cells))
+    return table
+
+
+def _page_link(app: Sphinx, fromdoc: str, run: Dict[str, Any]) -> nodes.Node:
+    if run["page"] not in app.env.all_docs:
+        return nodes.Text(run.get("title") or run["page"])
+    return nodes.reference("", run.get("title") or run["page"],
+                           refuri=app.builder.get_relative_uri(fromdoc, run["page"]))
+
+
+def _fmt(value: Any, suffix: str = "") -> str:
+    return "–" if value is None else f"{value}{suffix}"
+
+
+class FillStatus(SphinxPostTransform):
+    """Replace the placeholder with the tables (runs at write time, after all pages were read)."""
+
+    default_priority = 8
+
+    def run(self, **kwargs) -> None:
+        app = self.app
+        for node in list(self.document.findall(StatusPlaceholder)):
+            runs = sorted(getattr(self.env, "dlperf_runs", {}).values(), key=lambda r: r["page"])
+            rows = [[_page_link(app, self.env.docname, r), nodes.Text(_fmt(r.get("profile"))),
+                     nodes.Text(_fmt(r.get("hardware"))), nodes.Text(_fmt(r.get("torch"))),
+                     nodes.Text(_fmt(r.get("python"))), nodes.Text(_fmt(r.get("seconds"), " s")),
+                     nodes.Text(_fmt(r.get("ran_at"))),
+                     nodes.Text("ok" if r.get("succeeded") else "failed")] for r in runs]
+            built = [nodes.paragraph(text=f"{len(runs)} executed page(s) in this build.")]
+            if rows:
+                built.append(_table(["Page", "Run profile", "Hardware", "PyTorch", "Python",
+                                     "Run time", "Ran at (UTC)", "Result"], rows))
+            gpu_runs = load_gpu_runs(Path(app.srcdir) / node["gpu_runs"])
+            if gpu_runs:
+                gpu_rows = [[_page_link(app, self.env.docname, r), nodes.Text(_fmt(r.get("profile"))),
+                             nodes.Text(_fmt(r.get("hardware"))), nodes.Text(_fmt(r.get("torch"))),
+                             nodes.Text(_fmt(r.get("python"))), nodes.Text(_fmt(r.get("seconds"), " s")),
+                             nodes.Text(_fmt(r.get("ran_at")))]
+                            for r in sorted(gpu_runs, key=lambda r: (r["page"], r.get("ran_at") or ""))]
+                gpu = [_table(["Page", "Run profile", "Hardware", "PyTorch", "Python", "Run time",
+                               "Ran at (UTC)"], gpu_rows)]
+            else:
+                gpu = [nodes.paragraph(text=f"No GPU run has been recorded yet ({node['gpu_runs']} "
+                                            "is empty).")]
+            section = nodes.container(classes=["dlperf-status-tables"])
+            section += nodes.rubric(text="This build")
+            section.extend(built)
+            section += nodes.rubric(text="Measured on GPUs")
+            section.extend(gpu)
+            node.replace_self(section)
+
+
+def write_status_json(app: Sphinx, exception: Optional[Exception]) -> None:
+    if exception is not None or app.builder.format != "html":
+        return
+    runs = sorted(getattr(app.env, "dlperf_runs", {}).values(), key=lambda r: r["page"])
+    (Path(app.outdir) / "status.json").write_text(json.dumps({"runs": runs}, indent=2) + "\n")
+
+
+def setup(app: Sphinx) -> Dict[str, Any]:
+    app.add_config_value("dlperf_pages_branch", "gh-pages", "html")
+    app.add_directive("launch-links", LaunchLinks)
+    app.add_node(StatusPlaceholder)
+    app.add_directive("course-status", CourseStatus)
+    app.add_post_transform(FillStatus)
+    app.connect("html-page-context", rewrite_launch_buttons, priority=600)  # after the theme's (501)
+    app.connect("doctree-read", record_run)
+    app.connect("env-purge-doc", purge_doc)
+    app.connect("env-merge-info", merge_info)
+    app.connect("env-updated", status_pages)
+    app.connect("build-finished", publish_notebooks)
+    app.connect("build-finished", write_status_json)
+    return {"version": "1", "parallel_read_safe": True, "parallel_write_safe": True,
+            "env_version": 1}
