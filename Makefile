@@ -10,12 +10,15 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: help setup book test clean
+.PHONY: help setup book instructor-book gpu-status browser test clean
 
 help:
-	@echo "make book   set up .venv (once) and build the book into _build/html, executing every chapter"
-	@echo "make test   set up .venv (once) and run the whole test suite (includes a real book build)"
-	@echo "make clean  remove _build (the built book and the execution cache)"
+	@echo "make book             set up .venv (once) and build the book into _build/html, executing every chapter"
+	@echo "make instructor-book  the same book plus solutions and grading guide, into _build/instructor"
+	@echo "make gpu-status       on a GPU machine: run every chapter afresh and record it in status/gpu-runs.json"
+	@echo "make test             set up .venv (once) and run the whole test suite (includes a real book build"
+	@echo "                      and a headless Chromium walking it; Chromium is installed with apt-get if missing)"
+	@echo "make clean            remove _build (the built book and the execution cache)"
 
 setup: $(STAMP)
 
@@ -36,7 +39,20 @@ book: setup
 	@echo "==> Building the book (cached chapters are not executed again)"
 	$(PY) -m dlperf.book
 
-test: setup
+instructor-book: setup
+	@echo "==> Building the instructor edition (solutions, hidden tests, grading guide; never publish it)"
+	$(PY) -m dlperf.book --instructor
+
+gpu-status: setup
+	@echo "==> Running every chapter on this machine's GPU(s) and recording the runs in status/gpu-runs.json"
+	$(PY) -m dlperf.status record
+
+# Debian's chromium for tests/test_book_browser.py: installed with apt-get when missing and
+# possible (root or passwordless sudo); otherwise a warning, and that test is skipped.
+browser: setup
+	@$(PY) -m tests.browser --install
+
+test: setup browser
 	@echo "==> Running the test suite"
 	$(PY) -m pytest
 

@@ -218,6 +218,27 @@ def _write_binder_environment(app: Sphinx, out: Path) -> None:
     (out / ".nojekyll").touch()  # GitHub Pages must serve _static/ and _sources/ as they are
 
 
+def drop_duplicate_scripts(app: Sphinx, pagename: str, templatename: str,
+                           context: Dict[str, Any], doctree) -> None:
+    """Load each script once per page.
+
+    With Sphinx 7.4, sphinx-togglebutton's and sphinx-thebe's inline scripts end up
+    twice in every page, and the second ``const THEBE_JS_URL = ...`` is a
+    JavaScript SyntaxError in the reader's browser (tests/test_book_browser.py).
+    """
+    scripts = context.get("script_files")
+    if not isinstance(scripts, list):
+        return
+    seen, unique = set(), []
+    for script in scripts:
+        key = (str(getattr(script, "filename", script) or ""),  # None and "" both mean inline
+               getattr(script, "attributes", {}).get("body"))
+        if key not in seen:
+            seen.add(key)
+            unique.append(script)
+    scripts[:] = unique
+
+
 # --- status page ----------------------------------------------------------------------------
 
 class StatusPlaceholder(nodes.General, nodes.Element):
@@ -362,6 +383,7 @@ def setup(app: Sphinx) -> Dict[str, Any]:
     app.add_directive("course-status", CourseStatus)
     app.add_post_transform(FillStatus)
     app.connect("html-page-context", rewrite_launch_buttons, priority=600)  # after the theme's (501)
+    app.connect("html-page-context", drop_duplicate_scripts)
     app.connect("doctree-read", record_run)
     app.connect("env-purge-doc", purge_doc)
     app.connect("env-merge-info", merge_info)
