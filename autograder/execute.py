@@ -50,8 +50,10 @@ class Execution:
     """What running one notebook gave: the executed notebook and how the run ended."""
     notebook: nbformat.NotebookNode
     seconds: float
-    ended: str     # completed, notebook-timeout, unresponsive, kernel-died or failed-to-start
+    ended: str     # completed, notebook-timeout, unresponsive, kernel-died, failed-to-start,
+    #                memory-limit or output-limit
     message: str   # one line for the grades table; empty when completed
+    peak_memory: int = 0  # bytes: the most the kernel and its processes held at once
 
     @property
     def completed(self) -> bool:
@@ -93,10 +95,94 @@ def _last_started(nb: nbformat.NotebookNode) -> str:
     return f"cell {grade_id!r}" if grade_id else f"cell {index + 1} of the executed notebook"
 
 
+OUTPUT_LIMIT = 2 * 1024 * 1024  # bytes of output kept per notebook; more is dropped
+
+
+def _output_size(msg: dict) -> int:
+    content = msg.get("content", {})
+    size = len(str(content.get("text", "")))
+    for value in (content.get("data") or {}).values():
+        size += len(value) if isinstance(value, str) else len(str(value))
+    return size + sum(len(str(line)) for line in content.get("traceback", []))
+
+
+class CappedClient:
+    """Builds papermill's notebook client with a cap on the output it keeps.
+
+    Past ``limit`` bytes, outputs are dropped (one note says so); a kernel that goes on
+    to print ten times the limit is stopped, so printing gigabytes costs the grader
+    neither memory nor time.
+    """
+
+    def __init__(self, limit: int, on_flood):
+        self.limit, self.on_flood = limit, on_flood
+
+    def make(self, nb_man, **kwargs):
+        from papermill.clientwrap import PapermillNotebookClient
+        limit, on_flood = self.limit, self.on_flood
+
+        class Client(PapermillNotebookClient):
+            kept = 0
+            noted = False
+
+            def output(self, outs, msg, display_id, cell_index):
+                size = _output_size(msg)
+                Client.kept += size
+                if Client.kept <= limit:
+                    return super().output(outs, msg, display_id, cell_index)
+                if Client.kept > 10 * limit:
+                    on_flood()
+                if not Client.noted:
+                    Client.noted = True
+                    outs.append(nbformat.v4.new_output(
+                        "stream", name="stderr",
+                        text=f"[the autograder dropped further output: more than "
+                             f"{limit // 1024} KiB]\n"))
+                return None
+
+        return Client(nb_man, **kwargs)
+
+
+def _engine(client: CappedClient):
+    from papermill.engines import NBClientEngine
+    from papermill.utils import merge_kwargs, remove_args
+
+    class CappedEngine(NBClientEngine):
+        @classmethod
+        def execute_managed_notebook(cls, nb_man, kernel_name, log_output=False,
+                                     stdout_file=None, stderr_file=None, start_timeout=60,
+                                     execution_timeout=None, **kwargs):
+            kwargs = remove_args(["input_path", "timeout", "startup_timeout"], **kwargs)
+            final = merge_kwargs(kwargs, timeout=execution_timeout, startup_timeout=start_timeout,
+                                 kernel_name=kernel_name, log=logging.getLogger("papermill"),
+                                 log_output=log_output, stdout_file=stdout_file,
+                                 stderr_file=stderr_file)
+            return client.make(nb_man, **final).execute()
+
+    return CappedEngine
+
+
+def _watch_memory(launch: KernelLaunch, limit: int, done: threading.Event, seen: dict) -> None:
+    """Poll the kernel's memory; kill it past ``limit`` bytes (the rlimit's back-up)."""
+    from .sandbox import memory_of
+    while not done.wait(0.1):
+        pid = launch.pid
+        if not pid:
+            continue
+        used = memory_of(pid)
+        seen["peak"] = max(seen.get("peak", 0), used)
+        if used > limit:
+            seen["over"] = True
+            launch.kill()
+            return
+
+
 def execute(nb: nbformat.NotebookNode, workdir: Path, *, parameters: Dict[str, object],
             limits: Limits = Limits(), env: Optional[Dict[str, str]] = None,
             fork_server: Optional[ForkServer] = None, threads: Optional[int] = None,
-            log: Optional[Path] = None) -> Execution:
+            log: Optional[Path] = None, sandbox: Optional[dict] = None,
+            memory_limit: Optional[int] = None,
+            output_limit: int = OUTPUT_LIMIT) -> Execution:
     """Execute ``nb`` with papermill in a new kernel whose working directory is ``workdir``.
 
     ``parameters`` go into the notebook the papermill way (an ``injected-parameters``
@@ -112,15 +198,27 @@ def execute(nb: nbformat.NotebookNode, workdir: Path, *, parameters: Dict[str, o
     nb = parameterize_notebook(nb, parameters, kernel_name=KERNEL_NAME, language="python",
                                comment="Parameters injected by the autograder")
     launch = KernelLaunch(cwd=Path(workdir), env=dict(env or {}), fork_server=fork_server,
-                          threads=threads, log=str(log) if log else None)
+                          threads=threads, log=str(log) if log else None, sandbox=sandbox)
     watchdog = threading.Timer(limits.notebook, launch.kill)
     watchdog.daemon = True
+    flooded = threading.Event()
+
+    def on_flood() -> None:
+        flooded.set()
+        launch.kill()
+
+    engine = f"autograder-{id(launch)}"
+    papermill_engines.register(engine, _engine(CappedClient(output_limit, on_flood)))
+    done, memory = threading.Event(), {}
+    if memory_limit:
+        threading.Thread(target=_watch_memory, args=(launch, memory_limit, done, memory),
+                         daemon=True).start()
     start = time.perf_counter()
     ended, message = "completed", ""
     watchdog.start()
     try:
         papermill_engines.execute_notebook_with_engine(
-            None, nb, kernel_name=KERNEL_NAME, input_path=None, output_path=None,
+            engine, nb, kernel_name=KERNEL_NAME, input_path=None, output_path=None,
             progress_bar=False, log_output=False, start_timeout=60,
             execution_timeout=limits.cell, autosave_cell_every=0,
             kernel_manager_class=manager_class(launch),
@@ -150,9 +248,19 @@ def execute(nb: nbformat.NotebookNode, workdir: Path, *, parameters: Dict[str, o
         message = f"{type(error).__name__}: {first_line}".rstrip(": ")
     finally:
         watchdog.cancel()
-        launch.stop()  # in case nbclient could not shut the kernel down
+        done.set()
+        papermill_engines._engines.pop(engine, None)
+        launch.stop()  # whatever nbclient left running, and everything the kernel started
     seconds = time.perf_counter() - start
-    if launch.killed:
+    if memory.get("over"):
+        ended = "memory-limit"
+        message = (f"the kernel used more than {memory_limit / 2**30:.1f} GiB of memory and "
+                   "was stopped")
+    elif flooded.is_set():
+        ended = "output-limit"
+        message = (f"the notebook printed more than {10 * output_limit // 2**20} MiB and was "
+                   "stopped")
+    elif launch.killed:
         ended = "notebook-timeout"
         message = f"the notebook ran longer than the {limits.notebook:g} s limit and was stopped"
     if ended == "failed-to-start" and log and Path(log).exists():
@@ -160,4 +268,5 @@ def execute(nb: nbformat.NotebookNode, workdir: Path, *, parameters: Dict[str, o
         if tail:
             message += f"; kernel stderr: {tail[-1][:200]}"
     logging.getLogger(__name__).debug("executed in %.2f s: %s %s", seconds, ended, message)
-    return Execution(notebook=nb, seconds=seconds, ended=ended, message=message)
+    return Execution(notebook=nb, seconds=seconds, ended=ended, message=message,
+                     peak_memory=memory.get("peak", 0))

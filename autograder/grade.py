@@ -17,7 +17,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 import nbformat
 
@@ -25,10 +25,15 @@ from .execute import TIMEOUT_ENAME, Execution, Limits, execute
 from .judge import FAILED, MANUAL, NOT_RUN, PARTIAL, PASSED, SKIPPED, TestResult, judge
 from .kernels import ForkServer, fork_supported, notebook_imports
 from .layout import SourceNotebook, Submission, read_submission
-from .rebuild import Rebuilt, rebuild
+from .rebuild import Rebuilt, TestCell, rebuild
+from .sandbox import GiB, Policy, python_paths, shown_paths
 
 GRADED, TIMEOUT, ERROR, INVALID = "graded", "timeout", "error", "invalid"
 STATUSES = (GRADED, TIMEOUT, ERROR, INVALID)
+
+
+MEMORY_MARGIN = 1 * GiB  # resident memory a kernel may hold beyond its data limit
+# (the libraries it maps: PyTorch alone is some hundreds of MB) before it is killed
 
 
 @dataclass(frozen=True)
@@ -38,6 +43,9 @@ class GradeOptions:
     limits: Limits = Limits()
     threads: Optional[int] = None   # CPU threads per kernel (PyTorch, OpenMP)
     keep_workdirs: bool = False     # leave the working directories for inspection
+    memory: int = 4 * GiB           # data memory of a kernel (RLIMIT_DATA)
+    file_size: int = 256 * 1024 ** 2  # the largest file a kernel may write
+    hidden: Tuple[str, ...] = ()    # more folders kernels must not see (course, output)
 
 
 @dataclass
@@ -51,6 +59,7 @@ class SubmissionResult:
     device: str = "cpu"
     executed: Optional[nbformat.NotebookNode] = None
     answered: Dict[str, bool] = field(default_factory=dict)
+    peak_memory: int = 0             # bytes, the kernel's largest resident memory
 
     @property
     def score(self) -> float:
@@ -103,13 +112,27 @@ def _copy_tree(src: Path, dst: Path) -> None:
             shutil.copyfile(entry.path, target)
 
 
+_RUN_DIR: Optional[Path] = None
+
+
+def run_dir() -> Path:
+    """This grader's folder for working directories and logs (hidden from every kernel,
+    but for the kernel's own working directory)."""
+    global _RUN_DIR
+    if _RUN_DIR is None or not _RUN_DIR.is_dir():
+        _RUN_DIR = Path(tempfile.mkdtemp(prefix=f"autograder-run-{os.getpid()}-"))
+        import atexit
+        atexit.register(shutil.rmtree, _RUN_DIR, True)
+    return _RUN_DIR
+
+
 def prepare_workdir(submission: Submission, source: SourceNotebook) -> Path:
     """A fresh directory with the learner's files and the assignment's support files.
 
     As nbgrader does, the instructor's non-notebook files (data, helper modules) replace
     the learner's copies. No notebook of the instructor's is ever put there.
     """
-    workdir = Path(tempfile.mkdtemp(prefix="autograder-"))
+    workdir = Path(tempfile.mkdtemp(prefix="submission-", dir=run_dir()))
     if submission.folder.is_dir():
         _copy_tree(submission.folder, workdir)
     for notebook in workdir.glob("*.ipynb"):
@@ -120,6 +143,59 @@ def prepare_workdir(submission: Submission, source: SourceNotebook) -> Path:
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(path, target)
     return workdir
+
+
+def sandbox_policy(submission: Submission, source: SourceNotebook, workdir: Path,
+                   options: GradeOptions) -> Policy:
+    """What the submission's kernel may see and use (see :mod:`.sandbox`)."""
+    course_sources = source.path.resolve().parent.parent   # the source directory
+    hidden = {str(course_sources.parent), str(course_sources), str(run_dir()),
+              *(str(Path(h).resolve()) for h in options.hidden)}
+    if len(submission.path.parents) > 2:
+        hidden.add(str(submission.path.resolve().parents[2]))  # every student's submissions
+    shown = shown_paths(hidden, python_paths())
+    return Policy(workdir=str(workdir), memory=options.memory, file_size=options.file_size,
+                  cpu_seconds=int(options.limits.notebook) + 60, hidden=tuple(sorted(hidden)),
+                  shown=shown)
+
+
+def trusted_checks(rebuilt: Rebuilt, executed: nbformat.NotebookNode) -> Dict[str, object]:
+    """Run the checks of every split test on what its probe reported (in this process)."""
+    from .checks import evidence_of, run_checks
+    by_id = {cell.get("id"): cell for cell in executed.cells}
+    work = []
+    for test in rebuilt.tests:
+        cell = by_id.get(test.cell_id)
+        if test.checks is None or test.skipped or cell is None:
+            continue
+        reports, problem = evidence_of(cell)
+        if len(reports) == 1 and not problem:
+            work.append((test.grade_id, test.checks, reports[0]))
+    return run_checks(rebuilt.setup_code, rebuilt.seed, work) if work else {}
+
+
+def for_the_record(executed: nbformat.NotebookNode, tests: List[TestCell],
+                   results: List[TestResult]) -> nbformat.NotebookNode:
+    """The executed notebook as instructors and feedback see it: test cells show what
+    learners were shown of them, never hidden tests or the probes' reports."""
+    from .checks import MIME
+    verdicts = {r.grade_id: r for r in results}
+    by_id = {t.cell_id: t for t in tests}
+    for cell in executed.cells:
+        test = by_id.get(cell.get("id"))
+        if test is None:
+            continue
+        cell.source = test.visible_source.rstrip() + (
+            "\n# (hidden tests, not shown: their results are in the feedback)"
+            if test.hidden else "")
+        cell.outputs = [o for o in cell.get("outputs", [])
+                        if MIME not in o.get("data", {})]
+        verdict = verdicts.get(test.grade_id)
+        if verdict is not None and test.checks is not None and verdict.output \
+                and not any(o.get("output_type") == "error" for o in cell.outputs):
+            cell.outputs.append(nbformat.v4.new_output(
+                "stream", name="stdout", text=f"[{verdict.outcome}] {verdict.output}\n"))
+    return executed
 
 
 def _timed_out_cells(nb: nbformat.NotebookNode) -> int:
@@ -177,35 +253,49 @@ def grade_submission(submission: Submission, source: Optional[SourceNotebook],
         return invalid(f"no notebook {submission.notebook!r} in assignment "
                        f"{submission.assignment!r}", [])
     plan = planned_tests(source, options.device)
+    import secrets
+    seed = secrets.randbelow(2**31)  # this submission's test inputs: unknown in advance
     zero = [TestResult(t.grade_id, t.points, 0.0, SKIPPED if t.skipped else FAILED,
                        "Not graded: the submission could not be read.", t.hidden)
             for t in plan.tests]
     try:
         submitted = read_submission(submission.path)
         rebuilt = rebuild(source.graded_view, submitted, device=options.device,
-                          profile=options.profile)
+                          profile=options.profile, seed=seed)
     except ValueError as error:
         return invalid(str(error), zero)
 
     workdir = prepare_workdir(submission, source)
-    handle, name = tempfile.mkstemp(prefix="autograder-kernel-", suffix=".log")
+    policy = sandbox_policy(submission, source, workdir, options)
+    handle, name = tempfile.mkstemp(prefix="kernel-", suffix=".log", dir=run_dir())
     os.close(handle)
     log = Path(name)  # the kernel's own stderr: why it failed to start, if it does
     try:
-        env = {"DLPERF_PROFILE": options.profile, "NBGRADER_EXECUTION": "autograde"}
+        env = {"DLPERF_PROFILE": options.profile, "NBGRADER_EXECUTION": "autograde",
+               # Everything the kernel's libraries write goes to its working directory.
+               "HOME": str(workdir), "TMPDIR": str(workdir), "IPYTHONDIR": str(workdir / ".ipython"),
+               "MPLCONFIGDIR": str(workdir / ".matplotlib")}
         if options.device == "cpu":
             env["CUDA_VISIBLE_DEVICES"] = ""
         execution = execute(rebuilt.notebook, workdir,
                             parameters={"autograder_device": options.device,
                                         "autograder_profile": options.profile},
                             limits=options.limits, env=env, fork_server=fork_server,
-                            threads=options.threads, log=log)
+                            threads=options.threads, log=log, sandbox=policy.to_dict(),
+                            memory_limit=options.memory + MEMORY_MARGIN)
     finally:
         log.unlink(missing_ok=True)
         if not options.keep_workdirs:
             shutil.rmtree(workdir, ignore_errors=True)
 
-    tests = judge(execution.notebook, rebuilt.tests, rebuilt.manual, stopped=execution.message)
+    try:
+        checked = trusted_checks(rebuilt, execution.notebook)
+    except Exception as error:  # the instructor's setup code failed here: a grader problem
+        result = SubmissionResult(submission, ERROR, f"the grader could not run the checks: "
+                                  f"{type(error).__name__}: {error}", device=options.device)
+        return finish(result)
+    tests = judge(execution.notebook, rebuilt.tests, rebuilt.manual, stopped=execution.message,
+                  checked=checked)
     stopped_by_a_limit = execution.ended in ("notebook-timeout", "unresponsive")
     if stopped_by_a_limit or _timed_out_cells(execution.notebook):
         status = TIMEOUT
@@ -214,7 +304,8 @@ def grade_submission(submission: Submission, source: Optional[SourceNotebook],
     else:
         status = GRADED
     result = SubmissionResult(submission, status, "", tests=tests, device=options.device,
-                              executed=execution.notebook, answered=rebuilt.answered)
+                              executed=for_the_record(execution.notebook, rebuilt.tests, tests),
+                              answered=rebuilt.answered, peak_memory=execution.peak_memory)
     result.message = _summary(result, execution, rebuilt.notes)
     return finish(result)
 

@@ -8,6 +8,9 @@ The evidence for a test is what its own cell did, as recorded in the executed no
   learner could see anyway -- never a line of a hidden test;
 * no error means it passed; output on stderr (warnings, progress) is *not* a failure,
   unlike nbgrader, which fails any test cell that wrote to stderr;
+* a test split at ``### CHECKS`` (see :mod:`.checks`) passes only if its probe ran
+  without error, reported its values exactly once, and the trusted checks passed on
+  them; what the kernel printed or displayed otherwise decides nothing;
 * a test cell whose value is a number between 0 and its points earns that number
   (nbgrader's partial-credit convention);
 * a test cell that never ran (the notebook was stopped first) failed, and says why;
@@ -26,6 +29,7 @@ from typing import Dict, Iterable, List, Optional
 
 import nbformat
 
+from .checks import CheckOutcome, evidence_of
 from .execute import TIMEOUT_ENAME
 from .rebuild import ManualCell, TestCell
 
@@ -107,8 +111,10 @@ def _stdout(outputs: Iterable[dict]) -> str:
                    if o.get("output_type") == "stream" and o.get("name") == "stdout")
 
 
-def judge_test(cell: Optional[dict], test: TestCell, stopped: str = "") -> TestResult:
-    """The verdict on one test from its executed cell (``None`` if the cell is absent)."""
+def judge_test(cell: Optional[dict], test: TestCell, stopped: str = "",
+               checked: Optional[CheckOutcome] = None) -> TestResult:
+    """The verdict on one test from its executed cell (``None`` if the cell is absent)
+    and, for a test split into probe and checks, the outcome of its trusted checks."""
     def result(score: float, outcome: str, output: str) -> TestResult:
         return TestResult(test.grade_id, test.points, round(score, 6), outcome,
                           _clip(output), test.hidden)
@@ -127,7 +133,21 @@ def judge_test(cell: Optional[dict], test: TestCell, stopped: str = "") -> TestR
         why = stopped or "the notebook stopped before this cell"
         return result(0.0, NOT_RUN, f"Not run: {why}.")
     shown = "" if test.hidden else _stdout(outputs)
-    credit = partial_credit(outputs, test.points)
+    if test.checks is not None:
+        reports, problem = evidence_of(cell)
+        if problem or not reports:
+            return result(0.0, FAILED, f"Failed: {problem or 'the test did not report its results'}.")
+        if checked is None:
+            return result(0.0, FAILED, "Failed: the test's checks were not run.")
+        if not checked.passed:
+            return result(0.0, FAILED, describe_error(
+                {"ename": checked.message.split(":")[0],
+                 "evalue": checked.message.partition(": ")[2]}, hidden=True))
+        shown = "" if test.hidden else (shown + checked.printed)
+        credit = checked.credit if checked.credit is not None and \
+            0 <= checked.credit <= test.points else None
+    else:
+        credit = partial_credit(outputs, test.points)
     if credit is not None and credit < test.points:
         return result(credit, PARTIAL, f"Partial credit: {credit:g} of {test.points:g} points."
                       + (f"\n{shown}" if shown else ""))
@@ -135,13 +155,17 @@ def judge_test(cell: Optional[dict], test: TestCell, stopped: str = "") -> TestR
 
 
 def judge(executed: nbformat.NotebookNode, tests: List[TestCell],
-          manual: Iterable[ManualCell] = (), stopped: str = "") -> List[TestResult]:
+          manual: Iterable[ManualCell] = (), stopped: str = "",
+          checked: Optional[Dict[str, CheckOutcome]] = None) -> List[TestResult]:
     """Verdicts for every test of ``tests`` (in order), then one per manually graded cell.
 
     ``stopped`` says why the run ended early, if it did; it explains tests not run.
+    ``checked`` holds the outcomes of the trusted checks, by grade id.
     """
     by_id: Dict[str, dict] = {cell.get("id"): cell for cell in executed.cells}
-    results = [judge_test(by_id.get(test.cell_id), test, stopped) for test in tests]
+    checked = checked or {}
+    results = [judge_test(by_id.get(test.cell_id), test, stopped, checked.get(test.grade_id))
+               for test in tests]
     for cell in manual:
         note = ("Graded by a person." if cell.answered
                 else "Not answered: the cell still holds the given text.")

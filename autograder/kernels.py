@@ -167,6 +167,10 @@ def _become_kernel(request: dict, server_pid: int) -> None:
     threads = request.get("threads")
     if threads and "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(int(threads))
+    if request.get("sandbox"):
+        from .sandbox import Policy, start_kernel
+        start_kernel(Policy.from_dict(request["sandbox"]), request["argv"])
+        return
     from ipykernel.kernelapp import IPKernelApp
     app = IPKernelApp.instance()
     app.initialize(request["argv"])
@@ -305,9 +309,10 @@ class ForkServer:
         return json.loads(line)
 
     def fork(self, argv: List[str], cwd: str, env: Dict[str, str],
-             threads: Optional[int] = None, log: Optional[str] = None) -> int:
+             threads: Optional[int] = None, log: Optional[str] = None,
+             sandbox: Optional[dict] = None) -> int:
         answer = self._ask({"argv": argv, "cwd": cwd, "env": env, "threads": threads,
-                            "log": log})
+                            "log": log, "sandbox": sandbox})
         if "error" in answer:
             raise RuntimeError(f"fork server could not start a kernel: {answer['error']}")
         return int(answer["pid"])
@@ -406,6 +411,7 @@ def _forked_provisioner_class():
         fork_server = AnyTrait()
         threads = AnyTrait()
         stderr_path = AnyTrait()
+        sandbox = AnyTrait()
 
         async def launch_kernel(self, cmd: List[str], **kwargs):
             if "ipykernel_launcher" not in cmd:
@@ -413,7 +419,8 @@ def _forked_provisioner_class():
             argv = list(cmd[cmd.index("ipykernel_launcher") + 1:])
             cwd = str(kwargs.get("cwd") or os.getcwd())
             pid = self.fork_server.fork(argv, cwd=cwd, env=dict(kwargs["env"]),
-                                        threads=self.threads, log=self.stderr_path)
+                                        threads=self.threads, log=self.stderr_path,
+                                        sandbox=self.sandbox)
             self.process = ForkedProcess(pid)
             self.pid = pid
             self.pgid = pid  # the child called setsid()
@@ -478,9 +485,11 @@ class KernelLaunch:
     fork_server: Optional[ForkServer] = None
     threads: Optional[int] = None  # CPU threads for PyTorch/OpenMP in the kernel
     log: Optional[str] = None      # file for the kernel's own stderr (start-up failures)
+    sandbox: Optional[dict] = None  # a sandbox.Policy as a dict: confine the kernel so
     manager: object = None         # the kernel manager, set once the kernel starts
     killed: bool = False
     _log_file: object = None
+    _started_pid: Optional[int] = None
 
     def open_log(self):
         """A file object for a fresh kernel's stderr (DEVNULL without a log path)."""
@@ -495,20 +504,32 @@ class KernelLaunch:
         self.killed = True
         self.stop()
 
+    @property
+    def pid(self) -> Optional[int]:
+        """The kernel's process id, once it has started."""
+        provisioner = getattr(self.manager, "provisioner", None)
+        return getattr(provisioner, "pid", None)
+
     def stop(self) -> None:
-        """Kill the kernel's process group if the kernel is still running (clean-up)."""
+        """Kill the kernel and everything it started, if any of it is still running."""
         if self._log_file is not None:
             self._log_file.close()
             self._log_file = None
         provisioner = getattr(self.manager, "provisioner", None)
-        if getattr(provisioner, "process", None) is None:
-            return  # never started, or already shut down and reaped
-        pgid = getattr(provisioner, "pgid", None) or getattr(provisioner, "pid", None)
-        if pgid:
-            try:
-                os.killpg(pgid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+        pid = self.pid or self._started_pid
+        if pid:
+            self._started_pid = pid
+            from .sandbox import kill_all
+            if kill_all(pid) == 0 and getattr(provisioner, "process", None) is not None:
+                try:
+                    os.killpg(pid, signal.SIGKILL)  # no /proc: the process group at least
+                except (ProcessLookupError, PermissionError):
+                    pass
+
+
+SANDBOXED_LAUNCHER = (
+    "import json, sys; from autograder.sandbox import Policy, start_kernel; "
+    "start_kernel(Policy.from_dict(json.loads(sys.argv[1])), sys.argv[2:])")
 
 
 def manager_class(launch: KernelLaunch):
@@ -537,12 +558,21 @@ def manager_class(launch: KernelLaunch):
                 self.provisioner = _forked_provisioner_class()(
                     kernel_id=self.kernel_id, kernel_spec=self.kernel_spec, parent=self,
                     fork_server=launch.fork_server, threads=launch.threads,
-                    stderr_path=launch.log)
+                    stderr_path=launch.log, sandbox=launch.sandbox)
             else:  # a fresh interpreter: its stdout/stderr go to the log, not our terminal
                 kw["stdout"] = subprocess.DEVNULL
                 kw["stderr"] = launch.open_log()
             launch.manager = self
             return await super()._async_pre_start_kernel(**kw)
+
+        def format_kernel_cmd(self, extra_arguments=None):
+            cmd = super().format_kernel_cmd(extra_arguments)
+            if launch.sandbox and launch.fork_server is None and "ipykernel_launcher" in cmd:
+                # A fresh interpreter confines itself before the kernel starts.
+                at = cmd.index("ipykernel_launcher")
+                cmd = [*cmd[:at - 1], "-c", SANDBOXED_LAUNCHER, json.dumps(launch.sandbox),
+                       *cmd[at + 1:]]
+            return cmd
 
     return SubmissionKernelManager
 

@@ -27,6 +27,8 @@ from typing import Dict, List, Optional
 import nbformat
 from nbformat.v4 import new_notebook
 
+from .checks import SEED_NAME, assigns_seed, probe_source, setup_names, split_test
+
 DEVICES = ("cpu", "cuda")
 PROFILES = ("quick", "full")
 GPU_SUFFIX = "_gpu"
@@ -47,6 +49,8 @@ class TestCell:
     hidden: bool     # it contains hidden tests (their text must not reach the learner)
     gpu_only: bool
     skipped: bool    # not run on this device
+    checks: Optional[str] = None  # run by the grader on the probe's report (see .checks)
+    visible_source: str = ""      # what learners were shown of the cell
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,8 @@ class Rebuilt:
     manual: List[ManualCell] = field(default_factory=list)
     notes: List[str] = field(default_factory=list)  # what was restored or dropped, and why
     answered: Dict[str, bool] = field(default_factory=dict)  # answer cell -> changed from stub
+    setup_code: str = ""  # the instructor's read-only code cells, for the trusted checks
+    seed: int = 0         # this run's TEST_SEED
 
     @property
     def max_score(self) -> float:
@@ -88,6 +94,12 @@ def is_test(cell) -> bool:
 
 def is_answer(cell) -> bool:
     return bool(_nbgrader(cell).get("solution"))
+
+
+def is_setup(cell) -> bool:
+    """A read-only code cell of the instructor's (helpers, imports): trusted code."""
+    return (cell.get("cell_type") == "code" and grade_id_of(cell) is not None
+            and not is_test(cell) and not is_answer(cell))
 
 
 def is_manual(cell) -> bool:
@@ -171,7 +183,7 @@ del _autograder_os"""
 
 
 def rebuild(reference: nbformat.NotebookNode, submitted: nbformat.NotebookNode, *,
-            device: str = "cpu", profile: str = "quick") -> Rebuilt:
+            device: str = "cpu", profile: str = "quick", seed: int = 0) -> Rebuilt:
     """The notebook to run for ``submitted``, built on ``reference`` (the graded view)."""
     if device not in DEVICES:
         raise ValueError(f"device must be one of {DEVICES}, got {device!r}")
@@ -229,6 +241,8 @@ def rebuild(reference: nbformat.NotebookNode, submitted: nbformat.NotebookNode, 
 
     cells = [parameters_cell(device, profile), _fresh("code", SETUP_SOURCE, {})]
     cells[0]["id"], cells[1]["id"] = "autograder-parameters", "autograder-setup"
+    setup_code = "\n\n".join(ref.source for gid, ref in ref_cells.items() if is_setup(ref))
+    known = setup_names(setup_code)
     tests: List[TestCell] = []
     manual: List[ManualCell] = []
     answered: Dict[str, bool] = {}
@@ -245,8 +259,18 @@ def rebuild(reference: nbformat.NotebookNode, submitted: nbformat.NotebookNode, 
             if skipped:
                 cell.metadata.setdefault("tags", []).append("skip-execution")
             cell["id"] = f"test-{number}"
+            split = split_test(ref.source, known)
+            if split is not None:
+                cell.source = probe_source(split)  # the checks stay with the grader
             tests.append(TestCell(gid, points, cell["id"], HIDDEN_BEGIN in ref.source,
-                                  gpu_only, skipped))
+                                  gpu_only, skipped, split.checks if split else None,
+                                  visible_part(ref.source)))
+        if is_setup(ref) and assigns_seed(ref.source):
+            cells.append(cell)
+            seed_cell = _fresh("code", f"{SEED_NAME} = {int(seed)}  # this run's test inputs", {})
+            seed_cell["id"] = f"seed-{number}"
+            cells.append(seed_cell)
+            continue
         if is_answer(ref) or is_manual(ref):
             from nbgrader.utils import compute_checksum
             stub = _nbgrader(ref).get("checksum")
@@ -258,4 +282,5 @@ def rebuild(reference: nbformat.NotebookNode, submitted: nbformat.NotebookNode, 
     nb = new_notebook(cells=cells, metadata={"kernelspec": dict(KERNELSPEC),
                                              "language_info": {"name": "python"}})
     nbformat.validate(nb)
-    return Rebuilt(notebook=nb, tests=tests, manual=manual, notes=notes, answered=answered)
+    return Rebuilt(notebook=nb, tests=tests, manual=manual, notes=notes, answered=answered,
+                   setup_code=setup_code, seed=int(seed))
