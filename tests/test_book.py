@@ -1,10 +1,22 @@
-"""The real book build: every page executes without error, and the cache makes rebuilds free."""
-from pathlib import Path
+"""The real book build: every page executes without error, and the cache makes rebuilds free.
 
+Also what readers get from it: no broken internal link, launch links that lead to
+notebooks the build or the repository provides, a status page made from the
+build's own records, and two editions, of which only the instructor's contains
+solutions and hidden tests.
+"""
+import html as html_lib
+import json
+import re
+import time
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+import nbformat
 import pytest
 import yaml
 
-from dlperf import book
+from dlperf import book, status
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.integration
@@ -55,3 +67,189 @@ def test_second_build_executes_nothing_and_is_fast(built_book):
     assert again.ok, again.log[-3000:]
     assert again.executed == [], f"re-executed despite the cache: {again.executed}"
     assert again.seconds < 60, f"a cached rebuild took {again.seconds:.0f} s"
+
+
+def test_no_internal_link_of_the_built_book_is_broken(built_book):
+    assert built_book.broken_links == [], "\n".join(built_book.broken_links)
+
+
+def test_the_link_checker_finds_broken_links_and_anchors(tmp_path):
+    (tmp_path / "a.html").write_text('<p id="here"><a href="b.html#nowhere">b</a> <a href="#here">me</a>'
+                                     '<img src="missing.png"> <a href="https://example.org/">web</a></p>')
+    (tmp_path / "b.html").write_text('<a href="a.html#here">a</a> <a href="c/">c</a>')
+    assert book.broken_links(tmp_path) == ["a.html -> b.html#nowhere (no such anchor)",
+                                           "a.html -> missing.png", "b.html -> c/"]
+
+
+# --- launch buttons -------------------------------------------------------------------------
+
+REPO = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]
+GITHUB = urlsplit(REPO["url"]).path.strip("/")
+
+
+def markdown_notebooks():
+    return [name for name in toc_files() if (ROOT / f"{name}.md").exists()
+            and (ROOT / f"{name}.md").read_text().startswith("---\njupytext")]
+
+
+def launch_targets(page: Path):
+    """``{"Colab": (branch, path), "Binder": (branch, path)}`` from a built page's launch buttons."""
+    text = page.read_text()
+    targets = {}
+    for url in re.findall(r'href="(https://colab\.research\.google\.com/[^"]+)"', text):
+        branch, path = re.fullmatch(rf"https://colab\.research\.google\.com/github/{GITHUB}/blob/([^/]+)/(.+)",
+                                    html_lib.unescape(url)).groups()
+        targets["Colab"] = (branch, path)
+    for url in re.findall(r'href="(https://mybinder\.org/[^"]+)"', text):
+        branch, path = re.fullmatch(rf"https://mybinder\.org/v2/gh/{GITHUB}/([^?]+)\?urlpath=lab/tree/(.+)",
+                                    unquote(html_lib.unescape(url))).groups()
+        targets["Binder"] = (branch, path)
+    return targets
+
+
+def provided(built_book, branch: str, path: str) -> Path:
+    """Where the file a launch link opens comes from: the repository (main) or the published site."""
+    if branch == REPO["branch"]:
+        return ROOT / path
+    assert branch == "gh-pages", f"launch link to an unknown branch {branch}"
+    return built_book.html / path  # .github/workflows/book.yml publishes _build/html there
+
+
+def test_chapters_open_in_colab_and_binder_with_their_own_notebook(built_book):
+    for name in markdown_notebooks():
+        targets = launch_targets(built_book.html / f"{name}.html")
+        assert set(targets) == {"Colab", "Binder"}, f"{name}: launch buttons {targets}"
+        for service, (branch, path) in targets.items():
+            assert path == f"_sources/{name}.ipynb", f"{name}: {service} opens {path}"
+            notebook = provided(built_book, branch, path)
+            assert notebook.is_file(), f"{name}: {service} opens {path}, which the build does not provide"
+        nb = nbformat.read(notebook, as_version=4)
+        assert "dlperf" in nb.cells[0].source and "%pip install" in nb.cells[0].source, name
+        source = [cell.source for cell in nb.cells[1:]]
+        assert "dlperf.page_setup()" in "".join(source), f"{name}: not the chapter's notebook"
+        assert any(cell.get("outputs") for cell in nb.cells if cell.cell_type == "code"), \
+            f"{name}: the published notebook has no outputs"
+        assert f'href="{"../" * name.count("/")}_sources/{name}.ipynb"' in \
+            (built_book.html / f"{name}.html").read_text(), f"{name}: no download button for the .ipynb"
+    assert (built_book.html / "binder" / "requirements.txt").is_file()
+
+
+def test_assignment_pages_link_the_student_notebook(built_book):
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    assignments = [entry for part in toc["parts"] for entry in part["chapters"] if entry.get("sections")]
+    assert len(assignments) == 3
+    for entry in assignments:
+        notebook = entry["sections"][0]["file"]
+        assert notebook.startswith("exercises/"), entry
+        for page in (entry["file"], notebook):
+            targets = launch_targets(built_book.html / f"{page}.html")
+            assert set(targets) == {"Colab", "Binder"}, page
+            for branch, path in targets.values():
+                assert (branch, path) == (REPO["branch"], f"{notebook}.ipynb"), page
+                assert provided(built_book, branch, path).is_file()
+        downloads = re.findall(r'href="([^"]*_downloads/[^"]+\.ipynb)"',
+                               (built_book.html / f"{entry['file']}.html").read_text())
+        assert downloads, f"{entry['file']}: no download link"
+        downloaded = (built_book.html / entry["file"]).parent / downloads[0]
+        assert downloaded.read_bytes() == (ROOT / f"{notebook}.ipynb").read_bytes()
+
+
+# --- status page ----------------------------------------------------------------------------
+
+def test_status_page_shows_every_chapter_as_this_build_ran_it(built_book, executed_page):
+    import torch
+    runs = {run["page"]: run for run in json.loads((built_book.html / "status.json").read_text())["runs"]}
+    assert set(runs) == set(markdown_notebooks())
+    page = html_lib.unescape(re.sub(r"<[^>]+>", " ", (built_book.html / "status.html").read_text()))
+    page = re.sub(r"\s+", " ", page)
+    for name, run in runs.items():
+        first_output = next(out["text"] for cell in executed_page(name).cells
+                            for out in cell.get("outputs", []) if "Run profile" in out.get("text", ""))
+        assert run["torch"] in first_output and run["hardware"] in first_output, (name, run)
+        assert run["succeeded"] and run["seconds"] > 0 and run["ran_at"], run
+        row = f"{run['title']} {run['profile']} {run['hardware']} {run['torch']} {run['python']} {run['seconds']} s"
+        assert row in page, f"status page lacks {row!r}"
+    assert {run["torch"] for run in runs.values()} <= {torch.__version__}
+    assert "Measured on GPUs" in page
+
+
+def test_gpu_runs_file_is_valid_and_merging_replaces_the_same_machine():
+    recorded = json.loads((ROOT / "status" / "gpu-runs.json").read_text())["runs"]
+    for run in recorded:
+        assert {"page", "hardware", "profile", "torch", "seconds", "ran_at"} <= set(run), run
+        assert (ROOT / f"{run['page']}.md").exists(), run["page"]
+    old = {"page": "chapters/hardware", "hardware": "1 GPU(s): H100", "profile": "full (GPU)",
+           "seconds": 9.0, "ran_at": "2026-01-01T00:00:00+00:00", "succeeded": True}
+    new = {**old, "seconds": 8.0, "ran_at": "2026-02-01T00:00:00+00:00"}
+    other = {**old, "hardware": "2 GPU(s): A100"}
+    assert status.merge_runs([old, other], [new]) == [new, other]  # sorted by page, then hardware
+    assert status.gpu_runs([new, {**new, "hardware": "CPU: AMD EPYC"}]) == [new]
+
+
+# --- the two editions -----------------------------------------------------------------------
+
+def site_texts(folder: Path):
+    """``{path: text}`` for every text file of a built site: HTML as the reader sees it, notebooks' cells."""
+    for path in sorted(folder.rglob("*")):
+        if not path.is_file():
+            continue
+        if path.suffix == ".html":
+            text = html_lib.unescape(re.sub(r"<[^>]+>", "", path.read_text(errors="ignore")))
+        elif path.suffix == ".ipynb":
+            text = "\n".join(cell.source for cell in nbformat.read(path, as_version=4).cells)
+        elif path.suffix in {".md", ".txt", ".js", ".json"}:
+            text = path.read_text(errors="ignore")
+        else:
+            continue
+        yield path, text
+
+
+def instructor_only_lines():
+    """For each solution notebook, the longest line of its solution and of its hidden tests
+    that the student notebook does not have."""
+    lines = {}
+    for solution in sorted((ROOT / "solutions").glob("*/*.ipynb")):
+        student = (ROOT / "exercises" / solution.relative_to(ROOT / "solutions")).read_text()
+        student = "\n".join(c.source for c in nbformat.reads(student, as_version=4).cells)
+        for begin, end in (("BEGIN SOLUTION", "END SOLUTION"), ("BEGIN HIDDEN TESTS", "END HIDDEN TESTS")):
+            candidates = []
+            for cell in nbformat.read(solution, as_version=4).cells:
+                for block in re.findall(rf"{begin}\n(.*?){end}", cell.source, re.S):
+                    candidates += [line.strip() for line in block.splitlines()
+                                   if len(line.strip()) > 20 and line.strip() not in student]
+            assert candidates, f"{solution}: no {begin} block"
+            lines[f"{solution.parent.name} {begin}"] = max(candidates, key=len)
+    return lines
+
+
+@pytest.fixture(scope="module")
+def instructor_book(built_book):
+    """The instructor edition, built after the student book (so every chapter is in the cache)."""
+    result = book.build_instructor(echo=False)
+    assert result.ok, f"{result.log[-6000:]}\n{result.broken_links}\n{result.reports()}"
+    return result
+
+
+def test_student_book_has_no_line_of_a_solution_or_hidden_test(built_book):
+    secrets = instructor_only_lines()
+    for path, text in site_texts(built_book.html):
+        for what, line in secrets.items():
+            assert line not in text, f"{path.relative_to(built_book.html)} contains {what}: {line!r}"
+
+
+def test_instructor_edition_adds_solutions_and_grading_guide_without_executing(instructor_book):
+    assert instructor_book.executed == [], f"the instructor edition executed {instructor_book.executed}"
+    assert instructor_book.seconds < 120, f"the instructor edition took {instructor_book.seconds:.0f} s"
+    assert instructor_book.broken_links == []
+    texts = dict(site_texts(instructor_book.html))
+    solutions = {path: text for path, text in texts.items() if "solutions" in path.parts}
+    everything = "\n".join(solutions.values())
+    for marker in INSTRUCTOR_ONLY:
+        assert marker in everything, marker
+    for what, line in instructor_only_lines().items():
+        name = what.split()[0]
+        page = instructor_book.html / "solutions" / name / f"{name}.html"
+        assert line in texts[page], f"the instructor edition lacks {what}: {line!r}"
+    assert "Grading notes for instructors" in texts[instructor_book.html / "solutions" / "GRADING.html"]
+    for name in toc_files():  # and everything the student book has
+        assert (instructor_book.html / f"{name}.html").exists(), name
