@@ -205,8 +205,8 @@ def site_texts(folder: Path):
 
 
 def instructor_only_lines():
-    """For each solution notebook, the longest line of its solution and of its hidden tests
-    that the student notebook does not have."""
+    """For each solution notebook, the longest line of code of its solution and of its hidden
+    tests that the student notebook does not have."""
     lines = {}
     for solution in sorted((ROOT / "solutions").glob("*/*.ipynb")):
         student = (ROOT / "exercises" / solution.relative_to(ROOT / "solutions")).read_text()
@@ -218,7 +218,8 @@ def instructor_only_lines():
                     candidates += [line.strip() for line in block.splitlines()
                                    if len(line.strip()) > 20 and line.strip() not in student]
             assert candidates, f"{solution}: no {begin} block"
-            lines[f"{solution.parent.name} {begin}"] = max(candidates, key=len)
+            code = [line for line in candidates if not line.startswith("#")]  # code before comments
+            lines[f"{solution.parent.name} {begin}"] = max(code or candidates, key=len)
     return lines
 
 
