@@ -96,6 +96,7 @@ def _last_started(nb: nbformat.NotebookNode) -> str:
 
 
 OUTPUT_LIMIT = 2 * 1024 * 1024  # bytes of output kept per notebook; more is dropped
+FLOOD_FACTOR = 4                # a kernel that prints this many times more is stopped
 
 
 def _output_size(msg: dict) -> int:
@@ -110,7 +111,7 @@ class CappedClient:
     """Builds papermill's notebook client with a cap on the output it keeps.
 
     Past ``limit`` bytes, outputs are dropped (one note says so); a kernel that goes on
-    to print ten times the limit is stopped, so printing gigabytes costs the grader
+    to print ``FLOOD_FACTOR`` times the limit is stopped, so printing gigabytes costs the grader
     neither memory nor time.
     """
 
@@ -130,7 +131,7 @@ class CappedClient:
                 Client.kept += size
                 if Client.kept <= limit:
                     return super().output(outs, msg, display_id, cell_index)
-                if Client.kept > 10 * limit:
+                if Client.kept > FLOOD_FACTOR * limit:
                     on_flood()
                 if not Client.noted:
                     Client.noted = True
@@ -258,8 +259,8 @@ def execute(nb: nbformat.NotebookNode, workdir: Path, *, parameters: Dict[str, o
                    "was stopped")
     elif flooded.is_set():
         ended = "output-limit"
-        message = (f"the notebook printed more than {10 * output_limit // 2**20} MiB and was "
-                   "stopped")
+        message = (f"the notebook printed more than {FLOOD_FACTOR * output_limit // 2**20} MiB "
+                   "and was stopped")
     elif launch.killed:
         ended = "notebook-timeout"
         message = f"the notebook ran longer than the {limits.notebook:g} s limit and was stopped"

@@ -297,7 +297,9 @@ def grade_submission(submission: Submission, source: Optional[SourceNotebook],
     tests = judge(execution.notebook, rebuilt.tests, rebuilt.manual, stopped=execution.message,
                   checked=checked)
     stopped_by_a_limit = execution.ended in ("notebook-timeout", "unresponsive")
-    if stopped_by_a_limit or _timed_out_cells(execution.notebook):
+    if execution.ended in ("memory-limit", "output-limit"):
+        status = ERROR
+    elif stopped_by_a_limit or _timed_out_cells(execution.notebook):
         status = TIMEOUT
     elif not execution.completed:
         status = ERROR

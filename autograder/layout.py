@@ -22,6 +22,7 @@ if TYPE_CHECKING:  # nbformat is imported where it is used: starting up stays qu
     import nbformat
 
 DEFAULT_SOURCE_DIRECTORY = "solutions"
+MAX_NOTEBOOK_BYTES = 20 * 2**20  # larger submissions are refused, not parsed
 IGNORED = re.compile(r"^(\.|__pycache__$)")  # .ipynb_checkpoints, .DS_Store, caches
 
 
@@ -168,6 +169,15 @@ def find_submissions(submitted: Path, assignment: str,
 def read_submission(path: Path) -> "nbformat.NotebookNode":
     """Read a learner's notebook; ``ValueError`` with a one-line reason when it is not one."""
     import nbformat
+    try:
+        size = Path(path).stat().st_size
+    except FileNotFoundError:
+        raise ValueError("notebook not submitted") from None
+    except OSError as error:
+        raise ValueError(f"not a readable notebook: {error.strerror}") from None
+    if size > MAX_NOTEBOOK_BYTES:
+        raise ValueError(f"the notebook is {size / 2**20:.0f} MiB; the limit is "
+                         f"{MAX_NOTEBOOK_BYTES // 2**20} MiB (clear its outputs and submit again)")
     try:
         nb = nbformat.read(str(path), as_version=4)
     except FileNotFoundError:

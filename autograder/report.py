@@ -74,7 +74,9 @@ def gradescope(result: SubmissionResult) -> dict:
         "tests": tests,
         "extra_data": {"student_id": sub.student_id, "assignment": sub.assignment,
                        "notebook": sub.notebook, "status": result.status,
-                       "max_score": result.max_score, "device": result.device},
+                       "max_score": result.max_score, "device": result.device,
+                       "seconds": result.seconds,
+                       "peak_memory_mib": round(result.peak_memory / 2**20)},
     }
 
 

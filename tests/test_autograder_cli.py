@@ -93,7 +93,9 @@ def test_results_json_and_executed_notebooks(graded):
     assert "squares(3) gave [1, 4, 9]" in tests["test_squares"]["output"]
     assert tests["test_partial"]["score"] == 1.0
     nb = nbformat.read(str(folder / "demo.ipynb"), as_version=4)
-    assert any("BEGIN HIDDEN TESTS" in c.source for c in nb.cells)  # the instructor's copy
+    # It reaches learners through nbgrader's feedback: hidden tests are named, never shown.
+    assert not any("BEGIN HIDDEN TESTS" in c.source for c in nb.cells)
+    assert any("hidden tests, not shown" in c.source for c in nb.cells)
     assert not (graded["out"] / "broken" / "demo" / "demo.ipynb").exists()
     assert (graded["out"] / "broken" / "demo" / "demo.results.json").exists()
 

@@ -1,0 +1,160 @@
+"""The autograder against broken and hostile submissions (tests/hostile_submissions.py).
+
+One grading run holds every case beside good submissions, as a real class would. Every
+submission gets a row with the status and score its case expects; nothing a trick does
+earns a point beyond the honest baseline; no process of any kernel is left running; no
+file outside the output folder changes; every kernel stays within its memory and time.
+"""
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.assignments import ROOT
+from tests.hostile_submissions import ASSIGNMENT, CASES, NOTEBOOK, build
+
+pytestmark = pytest.mark.integration
+
+MEMORY_GIB, TIMEOUT, CELL_TIMEOUT = 1.0, 60, 8
+MARGIN_SECONDS, MARGIN_MIB = 20, 1024 + 256  # the grader's fixed allowance beyond the limits
+SENTINEL = Path("/tmp/hostile-was-here")
+
+
+def fingerprint(*folders: Path) -> dict:
+    """path -> sha256 of every file under ``folders`` (what must not change)."""
+    found = {}
+    for folder in folders:
+        for path in sorted(folder.rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts:
+                found[str(path)] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return found
+
+
+def kernel_processes() -> list:
+    """Processes working in a grader's run folder, or started by a trick ('sleep 1000000')."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            cwd = os.readlink(f"/proc/{entry.name}/cwd")
+            cmdline = Path(f"/proc/{entry.name}/cmdline").read_bytes().replace(b"\0", b" ")
+        except OSError:
+            continue
+        if "/autograder-run-" in cwd or b"sleep 1000000" in cmdline:
+            found.append((int(entry.name), cwd, cmdline[:80]))
+    return found
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    base = tmp_path_factory.mktemp("hostile")
+    submitted, out, gradebook = base / "submitted", base / "out", base / "gradebook.db"
+    places = {"submitted": submitted, "out": out, "gradebook": gradebook}
+    for case in CASES:
+        folder = submitted / case.student / ASSIGNMENT
+        folder.mkdir(parents=True)
+        if not case.filename:
+            continue  # submitted nothing
+        content = build(case, places)
+        target = folder / case.filename
+        if isinstance(content, dict):  # a notebook of any nbformat version
+            target.write_text(json.dumps(content))
+        elif isinstance(content, bytes):
+            target.write_bytes(content)
+        else:
+            target.write_text(content)
+    SENTINEL.unlink(missing_ok=True)
+    protected = fingerprint(submitted, ROOT / "solutions", ROOT / "exercises", ROOT / "autograder")
+    done = subprocess.run(
+        [sys.executable, "-m", "autograder", "grade", str(submitted), "--assignment", ASSIGNMENT,
+         "--out", str(out), "--gradebook", f"sqlite:///{gradebook}", "--no-progress",
+         "--timeout", str(TIMEOUT), "--cell-timeout", str(CELL_TIMEOUT),
+         "--memory", str(MEMORY_GIB), "--jobs", "2"],
+        cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True,
+        timeout=1500)
+    with (out / "grades.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    return {"done": done, "rows": rows, "out": out, "submitted": submitted,
+            "protected": protected, "gradebook": gradebook, "left": kernel_processes()}
+
+
+def row_of(graded, student: str, notebook: str = NOTEBOOK) -> dict:
+    rows = [r for r in graded["rows"] if r["student_id"] == student and r["notebook"] == notebook]
+    assert len(rows) == 1, f"{student}: expected one row, got {rows}"
+    return rows[0]
+
+
+def test_the_run_succeeds_and_every_submission_gets_a_row(graded):
+    done = graded["done"]
+    assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    for case in CASES:
+        row_of(graded, case.student)
+
+
+def test_the_honest_scores_are_what_they_should_be(graded):
+    full, baseline = (float(row_of(graded, s)["score"]) for s in ("good_solution", "baseline"))
+    assert 0 < baseline < full, (baseline, full)
+    assert float(row_of(graded, "good_solution")["max_score"]) == full
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_each_case_gets_its_score_and_status(graded, case):
+    full, baseline = (float(row_of(graded, s)["score"]) for s in ("good_solution", "baseline"))
+    expected = {"full": full, "baseline": baseline}.get(case.expect, case.expect)
+    row = row_of(graded, case.student)
+    assert (row["status"], float(row["score"])) == (case.status, expected), (
+        f"{case.name} ({case.threat}): {row['message']}")
+    assert row["message"].strip(), "every row says why"
+
+
+def test_no_kernel_process_is_left_running(graded):
+    assert graded["left"] == [], graded["left"]
+
+
+def test_no_file_outside_the_output_folder_changed(graded):
+    after = fingerprint(graded["submitted"], ROOT / "solutions", ROOT / "exercises",
+                        ROOT / "autograder")
+    changed = sorted(k for k in set(after) | set(graded["protected"])
+                     if after.get(k) != graded["protected"].get(k))
+    assert not changed, changed
+    assert not SENTINEL.exists()
+
+
+def test_results_and_gradebook_are_the_graders(graded):
+    results = json.loads((graded["out"] / "cheat_write_results" / ASSIGNMENT
+                          / f"{NOTEBOOK}.results.json").read_text())
+    assert results["extra_data"]["student_id"] == "cheat_write_results"
+    import sqlite3
+    with sqlite3.connect(graded["gradebook"]) as db:
+        students = {row[0] for row in db.execute("select id from student")}
+        grades = db.execute("select count(*) from grade").fetchone()[0]
+    assert {c.student for c in CASES} <= students and grades > 0
+
+
+def test_every_kernel_stayed_within_its_memory_and_time(graded):
+    for case in CASES:
+        path = graded["out"] / case.student / ASSIGNMENT / f"{NOTEBOOK}.results.json"
+        if not path.exists():
+            continue
+        extra = json.loads(path.read_text())["extra_data"]
+        assert extra["peak_memory_mib"] <= MEMORY_GIB * 1024 + MARGIN_MIB, (case.name, extra)
+        assert extra["seconds"] <= TIMEOUT + MARGIN_SECONDS, (case.name, extra)
+
+
+def test_feedback_never_shows_hidden_tests_or_the_solution(graded):
+    solution_line = "total += tensor.detach().to(total.device)"
+    for case in CASES:
+        folder = graded["out"] / case.student
+        for path in folder.rglob("*") if folder.exists() else []:
+            text = path.read_text(errors="replace")
+            assert "BEGIN HIDDEN TESTS" not in text, path
+            if case.allreduce is not None:  # (the solution's authors may see their own code)
+                assert solution_line not in text, path
