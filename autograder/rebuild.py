@@ -15,6 +15,10 @@ The learner owns exactly one thing in a notebook: the *source* of its solution c
   environment before any of the notebook runs;
 * GPU-only test cells (``grade_id`` ending in ``_gpu``) are tagged ``skip-execution``
   when the device is the CPU, and reported as skipped.
+* a test cell split at ``### CHECKS`` keeps only its probe, followed by the report of
+  the values its checks read (:mod:`.checks`); the checks themselves never reach the
+  kernel;
+* right after the read-only cell that assigns ``TEST_SEED``, a cell sets this run's seed.
 
 The result also lists the test cells to judge, by the cell id given to each here.
 """
