@@ -9,6 +9,7 @@ tests/wrong_submissions/ loses exactly the points it lists.
 from __future__ import annotations
 
 import ast
+import builtins
 import os
 import re
 import shutil
@@ -155,6 +156,66 @@ def test_solution_notebook_follows_the_grading_conventions(assignment):
                 f"{grade_id}: a GPU cell checks for CUDA and says SKIPPED without it")
         else:
             assert "torch.cuda._sleep" not in cell.source, f"{grade_id}: GPU work outside a _gpu cell"
+
+
+def bound_names(tree: ast.AST) -> set:
+    """Every name a piece of code binds, anywhere in it (as the autograder counts them)."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            names.add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            names.add(node.name)
+        elif isinstance(node, ast.arg):
+            names.add(node.arg)
+    return names
+
+
+@pytest.mark.parametrize("assignment", sorted(ASSIGNMENTS))
+def test_test_cells_split_into_probe_and_checks(assignment):
+    """Each test cell: a probe that runs the learner's code, `### CHECKS`, checks that judge it
+    from the setup cells, TEST_SEED and the probe's variables alone (solutions/GRADING.md)."""
+    nb = solution_notebook(assignment)
+    where = f"solutions/{assignment}"
+    setup = [c for c in nb.cells if c.cell_type == "code" and not nbgrader_meta(c).get("grade")
+             and not nbgrader_meta(c).get("solution")]
+    assert setup and re.search(r"^TEST_SEED = 0\b", setup[0].source, re.MULTILINE), (
+        f"{where}: the first setup cell should set TEST_SEED = 0")
+    setup_names = set().union(*(bound_names(ast.parse(c.source)) for c in setup))
+    known = setup_names | set(dir(builtins)) | {"TEST_SEED"}
+    learners = set()  # what the answer cells define at module level
+    for cell in answer_cells(nb).values():
+        for node in ast.parse(cell.source).body:
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                learners.add(node.name)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.Import, ast.ImportFrom)):
+                learners |= bound_names(node)
+    for grade_id, cell in grade_cells(nb).items():
+        lines = cell.source.splitlines()
+        at = [i for i, line in enumerate(lines) if line == "### CHECKS"]
+        assert len(at) == 1, f"{grade_id}: needs exactly one line '### CHECKS', has {len(at)}"
+        hidden = [i for i, line in enumerate(lines) if "### BEGIN HIDDEN TESTS" in line
+                  or "### END HIDDEN TESTS" in line]
+        assert not hidden or hidden[0] < at[0] < hidden[-1], (
+            f"{grade_id}: '### CHECKS' belongs between the hidden-test markers")
+        probe = ast.parse("\n".join(lines[:at[0]]))
+        checks = ast.parse("\n".join(lines[at[0] + 1:]))
+        asserts = [node.lineno for node in ast.walk(probe) if isinstance(node, ast.Assert)]
+        assert not asserts, f"{grade_id}: the probe decides nothing; it asserts on lines {asserts}"
+        used = {node.id for node in ast.walk(checks)
+                if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)} - bound_names(checks)
+        assert not used & learners, (
+            f"{grade_id}: the checks use what the learner defines: {sorted(used & learners)}")
+        shadowed = used & bound_names(probe) & (known - {"TEST_SEED"})
+        assert not shadowed, (
+            f"{grade_id}: the probe's {sorted(shadowed)} would not reach the checks: a setup cell or "
+            "builtins use the same names")
+        missing = used - known - bound_names(probe)
+        assert not missing, f"{grade_id}: the checks read {sorted(missing)}, which the probe never sets"
 
 
 @pytest.mark.parametrize("path", WRONG, ids=[f"{p.parent.name}/{p.stem}" for p in WRONG])
