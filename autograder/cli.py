@@ -20,11 +20,12 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
-def _positive(kind):
+def _positive(kind, zero: bool = False):
     def parse(text: str):
         value = kind(text)
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+        if value < 0 or (value == 0 and not zero):
+            raise argparse.ArgumentTypeError(
+                f"must be {'zero or more' if zero else 'positive'}, got {text}")
         return value
     return parse
 
@@ -66,7 +67,21 @@ def parser() -> argparse.ArgumentParser:
     grade.add_argument("--kernel", choices=("fork", "fresh"), default="fork",
                        help="fork kernels from a process with the imports done (default) or "
                             "start each as a new interpreter")
+    grade.add_argument("--memory", type=_positive(float), default=4.0, metavar="GIB",
+                       help="data memory per kernel in GiB (default %(default)g); a kernel that "
+                            "holds more than this plus 1 GiB is stopped")
     grade.add_argument("--no-progress", action="store_true", help="no progress bar")
+    grade.add_argument("--scheduler", default=None, metavar="ADDRESS",
+                       help="grade on the workers of the Dask scheduler at ADDRESS (e.g. "
+                            "tcp://10.0.0.5:8786), one task per submission; the workers' threads "
+                            "set how many run at once (--jobs is not used), workers started "
+                            "with --resources GPU=1 take --device cuda work, and auto picks "
+                            "cuda when some worker has a GPU. The course and the submissions "
+                            "must be at the same paths on every machine (see README)")
+    grade.add_argument("--retries", type=_positive(int, zero=True), default=1, metavar="N",
+                       help="with --scheduler: run a task that raised again on up to N more "
+                            "tries (default %(default)s; tasks of workers that died are always "
+                            "retried, up to the scheduler's allowed-failures)")
 
     check = commands.add_parser(
         "check", help="run the visible tests of your notebook and show which pass",
@@ -100,6 +115,19 @@ def _start_fork_server(args: argparse.Namespace):
 
 
 def run_grade(args: argparse.Namespace) -> int:
+    if args.scheduler:  # the workers start fork servers of their own
+        from .cluster import Cluster, ClusterError
+        from .kernels import notebook_imports
+        from .layout import Course
+        try:
+            with Cluster(args.scheduler) as cluster:
+                if args.kernel == "fork":
+                    folder = Course.discover(args.course).assignment_path(args.assignment)
+                    cluster.start_fork_servers(notebook_imports(sorted(folder.glob("*.ipynb"))))
+                return _grade(args, None, cluster)
+        except ClusterError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
     server = _start_fork_server(args)
     try:
         return _grade(args, server)
@@ -108,7 +136,7 @@ def run_grade(args: argparse.Namespace) -> int:
             server.close()
 
 
-def _grade(args: argparse.Namespace, server) -> int:
+def _grade(args: argparse.Namespace, server, cluster=None) -> int:
     from .execute import Limits
     from .grade import GradeOptions, grade_all, resolve_device
     from .layout import Course, find_submissions
@@ -124,20 +152,32 @@ def _grade(args: argparse.Namespace, server) -> int:
     # What needs no kernel comes first, while the fork server does its imports.
     for source in sources.values():
         source.graded_view
+    if cluster is not None:
+        cluster.check_workers(sources)  # before anything is written
+        device = cluster.device(args.device)
     writer = None
     if args.gradebook:
         from .gradebook import GradebookWriter
         writer = GradebookWriter(args.gradebook, course_id=course.course_id)
         writer.register_assignment(args.assignment, sources)
-    device = resolve_device(args.device, server)
+    if cluster is None:
+        device = resolve_device(args.device, server)
     profile = args.profile if args.profile != "auto" else ("full" if device == "cuda" else "quick")
     limits = Limits(cell=min(args.cell_timeout, args.timeout), notebook=args.timeout)
-    threads = max(1, available_cores() // args.jobs)
-    options = GradeOptions(device=device, profile=profile, limits=limits, threads=threads)
+    threads = max(1, available_cores() // args.jobs) if cluster is None else None  # a worker's
+    jobs = args.jobs if cluster is None else cluster.threads()
+    # Kernels see none of these: the course, every submission, the results, the gradebook.
+    hidden = [course.root, args.submitted, args.out]
+    if args.gradebook and args.gradebook.startswith("sqlite:///"):
+        hidden.append(Path(args.gradebook[len("sqlite:///"):]).resolve().parent)
+    options = GradeOptions(device=device, profile=profile, limits=limits, threads=threads,
+                           memory=int(args.memory * 2**30),
+                           hidden=tuple(str(Path(p).resolve()) for p in hidden))
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     print(f"Grading {len(submissions)} notebook(s) of {args.assignment!r} from {args.submitted} "
-          f"on {device} (profile {profile}, {args.jobs} job(s), {args.kernel} kernels); "
+          f"on {device} (profile {profile}, {jobs} job(s), {args.kernel} kernels"
+          + (f", on {cluster.describe()}" if cluster is not None else "") + "); "
           f"references from {course.assignment_path(args.assignment)}", flush=True)
 
     from tqdm import tqdm
@@ -156,15 +196,19 @@ def _grade(args: argparse.Namespace, server) -> int:
 
     start = time.perf_counter()
     try:
-        results = grade_all(submissions, sources, options, jobs=args.jobs, kernel=args.kernel,
-                            on_result=on_result, fork_server=server)
+        if cluster is not None:
+            results = cluster.grade(submissions, sources, options, kernel=args.kernel,
+                                    on_result=on_result, retries=args.retries)
+        else:
+            results = grade_all(submissions, sources, options, jobs=args.jobs,
+                                kernel=args.kernel, on_result=on_result, fork_server=server)
     finally:
         bar.close()
         if writer is not None:
             writer.close()
     seconds = time.perf_counter() - start
     csv_path = write_grades_csv(results, out / "grades.csv")
-    print(summary(results, seconds, args.jobs))
+    print(summary(results, seconds, jobs))
     print(f"Wrote {csv_path} and {len(results)} result file(s) under {out}"
           + (f"; scores stored in {writer.url}" if writer is not None else ""))
     return 0 if len(results) == len(submissions) else 1
