@@ -14,6 +14,13 @@ The script prints both wall times, the throughputs and their ratio, and checks t
 two agree on every score (GPU-only test cells aside: nbgrader runs them on the CPU too,
 where the course's GPU tests print SKIPPED and pass; the autograder skips them).
 
+It also grades the same submissions on a Dask cluster started on this machine for the
+purpose (a scheduler and ``--dask-workers`` one-thread workers on loopback, as many as the
+local run's jobs), with ``--scheduler``, checks that grades.csv is the same as the local
+run's, and prints the scheduler's overhead per submission: the extra wall time over the
+local run with the same parallelism, per submission, and the median time a no-op task
+takes from submission to start on a worker.
+
     .venv/bin/python benchmarks/grading_throughput.py --assignment benchmark --submissions 24
 """
 from __future__ import annotations
@@ -26,6 +33,8 @@ import os
 import platform
 import re
 import shutil
+import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -137,6 +146,69 @@ def disagreements(ours: dict, theirs: dict) -> list:
     return found
 
 
+def start_dask(base: Path, workers: int) -> tuple:
+    """A scheduler and ``workers`` one-thread worker processes on loopback."""
+    file = base / "scheduler.json"
+    logs = base / "dask-logs"
+    logs.mkdir(exist_ok=True)
+
+    def launch(name: str, module: str, *args) -> subprocess.Popen:
+        with (logs / f"{name}.log").open("w") as log:
+            return subprocess.Popen([sys.executable, "-m", module, *map(str, args)], cwd=ROOT,
+                                    env=tool_env(), stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+
+    processes = [launch("scheduler", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
+                        "--port", "0", "--no-dashboard", "--scheduler-file", file)]
+    deadline = time.monotonic() + 60
+    while not (file.exists() and file.read_text().strip()):
+        if time.monotonic() > deadline:
+            stop_dask(processes)
+            sys.exit(f"the Dask scheduler did not start; see {logs}")
+        time.sleep(0.2)
+    address = json.loads(file.read_text())["address"]
+    for n in range(workers):
+        processes.append(launch(f"worker{n + 1}", "distributed.cli.dask_worker", address,
+                                "--nthreads", "1", "--host", "127.0.0.1", "--no-dashboard"))
+    from distributed import Client
+    with Client(address, set_as_default=False) as client:
+        client.wait_for_workers(workers, timeout=120)
+    return address, processes
+
+
+def stop_dask(processes: list) -> None:
+    for process in reversed(processes):
+        try:
+            os.killpg(process.pid, signal.SIGTERM)
+            process.wait(timeout=15)
+        except ProcessLookupError:
+            pass
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+def task_latency(address: str, count: int = 50) -> tuple:
+    """Medians, in seconds, of a no-op task's submission-to-start time and round trip."""
+    from distributed import Client
+    with Client(address, set_as_default=False) as client:
+        client.submit(time.time, pure=False).result()  # connections made, function known
+        to_start, round_trip = [], []
+        for _ in range(count):
+            sent = time.time()
+            started = client.submit(time.time, pure=False).result()
+            round_trip.append(time.time() - sent)
+            to_start.append(started - sent)
+    return statistics.median(to_start), statistics.median(round_trip)
+
+
+def grades(path: Path) -> list:
+    """grades.csv without what is measured rather than graded (seconds, memory)."""
+    with path.open() as handle:
+        return [{k: v for k, v in row.items() if not k.startswith(("seconds", "peak_memory"))}
+                for row in csv.DictReader(handle)]
+
+
 def cpu_name() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -155,6 +227,9 @@ def main(argv=None) -> int:
                         help="the autograder's --jobs (default: its own default, the cores)")
     parser.add_argument("--also-fresh", action="store_true",
                         help="also time the autograder with --kernel fresh (no fork server)")
+    parser.add_argument("--dask-workers", type=int, default=None, metavar="N",
+                        help="also grade on a loopback Dask cluster of N one-thread workers "
+                             "(default: as many as the local run's jobs; 0: not at all)")
     parser.add_argument("--keep", type=Path, default=None,
                         help="build the scratch course here and keep it (default: a temp dir)")
     args = parser.parse_args(argv)
@@ -189,6 +264,21 @@ def main(argv=None) -> int:
                  "--no-progress", *jobs], course, f"autograder ({kernel} kernels)")
             print(f"{name}: {timings[name]:.1f} s", flush=True)
 
+        dask_workers = (args.jobs or cores) if args.dask_workers is None else args.dask_workers
+        dask_label, latency = f"python -m autograder --scheduler ({dask_workers} workers)", None
+        if dask_workers > 0:
+            address, processes = start_dask(base, dask_workers)
+            try:
+                timings[dask_label] = run(
+                    [sys.executable, "-m", "autograder", "grade", "submitted",
+                     "--assignment", args.assignment, "--out", str(course / "graded-dask"),
+                     "--gradebook", f"sqlite:///{course / 'gradebook-dask.db'}",
+                     "--no-progress", "--scheduler", address], course, "autograder on Dask")
+                print(f"{dask_label}: {timings[dask_label]:.1f} s", flush=True)
+                latency = task_latency(address)
+            finally:
+                stop_dask(processes)
+
         theirs = nbgrader_scores(course, args.assignment, notebook)
         ours = autograder_scores(course / "graded-fork", args.assignment, notebook)
         with (course / "graded-fork" / "grades.csv").open() as handle:
@@ -196,6 +286,9 @@ def main(argv=None) -> int:
         problems = disagreements(ours, theirs)
         if len(rows) != len(students):
             problems.append(f"grades.csv has {len(rows)} rows for {len(students)} submissions")
+        if dask_label in timings and (grades(course / "graded-dask" / "grades.csv")
+                                      != grades(course / "graded-fork" / "grades.csv")):
+            problems.append("grades.csv from the Dask cluster differs from the local run's")
 
         n = len(students)
         base_time = timings["nbgrader autograde"]
@@ -204,12 +297,19 @@ def main(argv=None) -> int:
             print(f"{name:<48} {seconds:8.1f} {n / seconds:8.2f} {base_time / seconds:11.1f}x")
         ratio = base_time / timings[label]
         print(f"\nThroughput ratio (autograder / nbgrader): {ratio:.1f}x")
+        if dask_label in timings:
+            extra = (timings[dask_label] - timings[label]) / n
+            print(f"Dask scheduler overhead: {extra:+.2f} s per submission over the local run "
+                  f"({timings[dask_label] / timings[label]:.2f}x its wall time); a no-op task "
+                  f"takes {latency[0] * 1e3:.1f} ms from submission to start on a worker, "
+                  f"{latency[1] * 1e3:.1f} ms there and back (medians of 50)")
         if problems:
             print(f"\nScores differ on {len(problems)} test cell(s):")
             print("\n".join(f"  {p}" for p in problems))
             return 1
         print(f"Both graders gave the same score to every test cell of all {n} submissions "
-              "(GPU-only cells aside).")
+              "(GPU-only cells aside)" + ("; the Dask run wrote the same grades.csv as the "
+                                          "local one." if dask_label in timings else "."))
         return 0
     finally:
         if args.keep is None:
