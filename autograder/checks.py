@@ -69,10 +69,18 @@ def bound_names(tree: ast.AST) -> set:
 
 
 def setup_names(setup_code: str) -> set:
+    """Names the setup cells define at top level (not their functions' locals)."""
     try:
-        return bound_names(ast.parse(setup_code))
+        tree = ast.parse(setup_code)
     except SyntaxError:
         return set()
+    names = set()
+    for statement in tree.body:
+        if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(statement.name)
+        else:
+            names |= bound_names(statement)
+    return names
 
 
 def split_test(source: str, setup: Iterable[str] = ()) -> Optional[SplitTest]:

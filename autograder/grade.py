@@ -190,6 +190,10 @@ def for_the_record(executed: nbformat.NotebookNode, tests: List[TestCell],
             if test.hidden else "")
         cell.outputs = [o for o in cell.get("outputs", [])
                         if MIME not in o.get("data", {})]
+        if test.hidden:  # a traceback would quote the hidden lines: keep only the error
+            for output in cell.outputs:
+                if output.get("output_type") == "error":
+                    output["traceback"] = [f"{output.get('ename')}: {output.get('evalue')}"]
         verdict = verdicts.get(test.grade_id)
         if verdict is not None and test.checks is not None and verdict.output \
                 and not any(o.get("output_type") == "error" for o in cell.outputs):
