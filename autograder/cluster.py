@@ -326,7 +326,8 @@ class Cluster:
         try:
             theirs = self.client.run(facts, paths)
         except Exception as error:
-            raise ClusterError(f"could not ask the workers what they run: {_one_line(error)}"
+            raise ClusterError(f"could not ask the workers what they run ({_one_line(error)}): "
+                               "start them from the course checkout with PYTHONPATH set to it"
                                ) from None
         problems = []
         for worker, found in sorted(theirs.items()):
