@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -22,7 +23,7 @@ import pytest
 
 from autograder.cluster import grade_on_cluster, grade_task
 from autograder.execute import Limits
-from autograder.grade import ERROR, GRADED, GradeOptions
+from autograder.grade import ERROR, GRADED, GradeOptions, SubmissionResult
 from autograder.layout import Course, find_submissions
 from tests.autograder_fixtures.submissions import (COURSE, CPU_MAX_SCORE, answered, graded_cases,
                                                    write)
@@ -31,7 +32,7 @@ distributed = pytest.importorskip("distributed")
 
 ROOT = Path(__file__).resolve().parent.parent
 OPTIONS = GradeOptions(device="cpu", profile="quick", limits=Limits(cell=30, notebook=120))
-SLOW_SQUARES = "import time\ntime.sleep(4)\ndef squares(n):\n    return [k * k for k in range(n)]"
+SLOW_SQUARES = "import time\ntime.sleep(3)\ndef squares(n):\n    return [k * k for k in range(n)]"
 CLUSTER_ENV = {
     "PYTHONPATH": str(ROOT),
     "DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES": "1",
@@ -167,7 +168,7 @@ def _worker_busy_with(client, marker: str):
 
 @pytest.mark.integration
 def test_a_worker_killed_mid_run_loses_no_submission(cluster, tmp_path):
-    for n in range(4):
+    for n in range(3):
         write(tmp_path, f"slow{n}", answered(squares=SLOW_SQUARES))
     submissions = find_submissions(tmp_path, "demo", notebooks=["demo"])
     sources = Course.discover(COURSE).source_notebooks("demo")
@@ -181,14 +182,14 @@ def test_a_worker_killed_mid_run_loses_no_submission(cluster, tmp_path):
         victim = _worker_busy_with(cluster.client, "slow")
         time.sleep(0.2)
     assert victim is not None
-    time.sleep(1.5)  # the submission's kernel is running its sleep now
+    time.sleep(1.0)  # the submission's kernel is running its sleep now
     os.kill(victim[1], signal.SIGKILL)
     grading.join(timeout=180)
     assert not grading.is_alive()
     results = outcome["results"]
     assert [r.submission for r in results] == submissions
     assert [(r.status, r.score, r.max_score) for r in results] == [
-        (GRADED, CPU_MAX_SCORE, CPU_MAX_SCORE)] * 4, [r.message for r in results]
+        (GRADED, CPU_MAX_SCORE, CPU_MAX_SCORE)] * 3, [r.message for r in results]
     cluster.client.wait_for_workers(2, timeout=120)  # the nanny started another
 
 
@@ -236,6 +237,20 @@ def _spec(sources):
                    support={name: support_digest(s) for name, s in sources.items()})
 
 
+def test_scheduler_flags_and_no_dask_without_them():
+    from autograder.cli import parser
+    args = parser().parse_args(["grade", "sub", "--assignment", "a", "--out", "o",
+                                "--scheduler", "tcp://10.0.0.5:8786", "--retries", "0"])
+    assert (args.scheduler, args.retries) == ("tcp://10.0.0.5:8786", 0)
+    args = parser().parse_args(["grade", "sub", "--assignment", "a", "--out", "o"])
+    assert (args.scheduler, args.retries) == (None, 1)
+    code = ("import sys, autograder.cli, autograder.grade, autograder.report; "
+            "autograder.cli.parser(); print(sorted({'dask', 'distributed'} & set(sys.modules)))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=120)
+    assert done.stdout.strip() == "[]", done.stdout + done.stderr[-2000:]
+
+
 @pytest.mark.integration
 def test_unreachable_scheduler_is_a_usage_error(tmp_path):
     write(tmp_path, "ann", answered())
@@ -254,3 +269,35 @@ def test_cuda_without_gpu_workers_is_a_usage_error(cluster, tmp_path):
         assert connected.device("auto") == "cpu" and connected.device("cpu") == "cpu"
         with pytest.raises(ClusterError, match="--resources GPU=1"):
             connected.device("cuda")
+
+
+def where_it_ran(submission, source, options, spec, submitted):
+    """A task that grades nothing and says which worker ran it."""
+    from distributed import get_worker
+    return SubmissionResult(submission, GRADED, get_worker().address, device=options.device)
+
+
+@pytest.mark.integration
+def test_cuda_submissions_go_only_to_workers_with_a_gpu(cluster, tmp_path):
+    from autograder.cluster import Cluster
+    for n in range(4):
+        write(tmp_path, f"s{n}", answered())
+    submissions = find_submissions(tmp_path, "demo", notebooks=["demo"])
+    sources = Course.discover(COURSE).source_notebooks("demo")
+    gpu = dask("worker", cluster.address, "--nthreads", "1", "--host", "127.0.0.1",
+               "--no-dashboard", "--name", "gpu", "--resources", "GPU=1",
+               log=cluster.base / "gpu-worker.log")  # no GPU: only the label matters here
+    try:
+        cluster.client.wait_for_workers(3, timeout=120)
+        with Cluster(cluster.address) as connected:
+            assert connected.device("auto") == "cuda"
+            gpu_workers = connected.gpu_workers()
+            assert len(gpu_workers) == 1
+            results = connected.grade(submissions, sources, replace(OPTIONS, device="cuda"),
+                                      kernel="fresh", task=where_it_ran)
+        assert [r.message for r in results] == gpu_workers * 4
+    finally:
+        stop(gpu)
+        deadline = time.monotonic() + 60
+        while len(cluster.client.nthreads()) > 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
