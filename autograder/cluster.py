@@ -4,14 +4,16 @@
 (:class:`Cluster`) and sends it one task per submission (:meth:`Cluster.grade`). The task,
 :func:`grade_task`, runs on a worker and calls :func:`autograder.grade.grade_submission`
 there -- the same call a local run makes -- so a submission still runs in a kernel process of
-its own, in a private working directory, under the same time limits. Its
+its own, in a private working directory, under the same limits. Its
 :class:`~autograder.grade.SubmissionResult` travels back by pickle; ``grades.csv``, the
 results, the executed notebooks and the gradebook are written here, by the client, exactly
 as a local run writes them. Nothing but grading happens on the workers.
 
-* Kernels: every worker process starts one fork server for the run
-  (:class:`ForkServerPlugin`, registered with the scheduler, so workers that join later get
-  one too) and closes it when the run ends or the worker stops.
+* Kernels: every worker process starts one fork server for the client's connection, i.e.
+  for one grading run (:class:`ForkServerPlugin`, registered with the scheduler, so workers
+  that join later get one too), and closes it when the client disconnects or the worker
+  stops. The kernels are confined by the same sandbox as locally, with the rights the
+  worker process has.
 * GPUs: with ``--device cuda`` each task asks for the worker resource ``GPU=1``, so only
   workers started with ``dask worker ADDRESS --resources GPU=1`` take it, one at a time per
   GPU; CPU grading goes to any worker.
