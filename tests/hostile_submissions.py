@@ -34,7 +34,7 @@ class Case:
     raw: Optional[Union[bytes, str]] = None  # the file's bytes instead of a notebook
     filename: str = f"{NOTEBOOK}.ipynb"
     expect: Union[str, float] = "baseline"
-    status: str = "graded"
+    status: Union[str, tuple] = "graded"  # or the statuses that are all right
     student: str = field(default="")
 
     def __post_init__(self):
@@ -177,9 +177,9 @@ CASES = [
     # --- cheating ---------------------------------------------------------------------------
     Case("cheat_edit_tests", "test cells edited to `pass`", transform=_edit_tests),
     Case("cheat_delete_tests", "test cells deleted", transform=_delete_tests),
-    # (isinstance always true breaks IPython itself: the kernel hangs, and is stopped)
+    # (isinstance always true breaks IPython itself: the kernel hangs and is stopped, or dies)
     Case("cheat_redefine_checks", "torch.equal, torch.allclose, isinstance and print redefined",
-         status="timeout",
+         status=("timeout", "error"),
          trick="import builtins, torch\ntorch.equal = lambda *a, **k: True\n"
                "torch.allclose = lambda *a, **k: True\nbuiltins.isinstance = lambda *a: True\n"
                "builtins.print = lambda *a, **k: None"),
