@@ -33,9 +33,8 @@ import ctypes
 import os
 import resource
 import signal
-import stat
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, List, Optional, Tuple
 
@@ -100,7 +99,7 @@ def shown_paths(hidden: Iterable[str], wanted: Iterable[str]) -> Tuple[str, ...]
         path = os.path.realpath(path)
         if any(_inside(h, path) for h in hidden):
             continue  # showing it would show a hidden folder
-        if any(_inside(path, h) for h in hidden) and os.path.exists(path):
+        if within_any(path, hidden) and os.path.exists(path):
             shown.add(path)
     return tuple(sorted(shown))
 
@@ -170,22 +169,22 @@ def _confine_filesystem(policy: Policy) -> None:
     fds = {path: os.open(path, os.O_PATH) for path in keep}
     try:
         for folder in hidden:
-            if any(_inside(folder, other) for other in hidden if other != folder):
+            if within_any(folder, [other for other in hidden if other != folder]):
                 continue  # covered already by a hidden folder around it
             inside = [p for p in keep if _inside(p, folder) and p != folder]
             _hide(libc, folder, inside, fds)
         # The working directory becomes its own (writable) mount, everything else read-only.
-        if not any(_inside(workdir, h) for h in hidden):
+        if not within_any(workdir, hidden):
             _mount(libc, workdir, workdir, None, MS_BIND | MS_REC)
         for point, flags in _mount_points():
-            if any(_inside(point, k) for k in KEEP_WRITABLE) or _inside(point, workdir):
+            if within_any(point, (*KEEP_WRITABLE, workdir)):
                 continue
             try:
                 _mount(libc, None, point, None, MS_REMOUNT | MS_BIND | MS_RDONLY | flags)
             except OSError:
                 pass  # e.g. a mount hidden under another; its parent is read-only already
         for path in shown:
-            if path != workdir and not any(_inside(path, k) for k in KEEP_WRITABLE):
+            if path != workdir and not within_any(path, KEEP_WRITABLE):
                 try:
                     _mount(libc, None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY)
                 except OSError:
@@ -326,6 +325,7 @@ def install_audit_hook(policy: Policy) -> None:
         except Exception:
             return ""
 
+    # The hook's own copy of within_any: module globals are within the learner's reach.
     def within(path: str, roots) -> bool:
         return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
 
@@ -441,19 +441,3 @@ def memory_of(kernel_pid: int) -> int:
         except (OSError, IndexError, ValueError):
             continue
     return total
-
-
-def file_tree_size(folder: Path) -> int:
-    """Bytes in regular files under ``folder`` (without following links)."""
-    total = 0
-    for root, _, files in os.walk(folder):
-        for name in files:
-            try:
-                info = os.lstat(os.path.join(root, name))
-            except OSError:
-                continue
-            if stat.S_ISREG(info.st_mode):
-                total += info.st_size
-    return total
-
-

@@ -21,6 +21,8 @@ import nbformat
 import pytest
 import torch
 
+from autograder.checks import SEED_NAME, bound_names, setup_names, split_test
+
 from tests.assignments import (ASSIGNMENTS, EXERCISES, HIDDEN, ROOT, SOLUTION_BLOCK, SOLUTIONS, WRONG,
                                answer_cells, expected_losses, grade_cells, load_wrong,
                                nbgrader_meta, release_notebook, solution_notebook, submission)
@@ -158,23 +160,6 @@ def test_solution_notebook_follows_the_grading_conventions(assignment):
             assert "torch.cuda._sleep" not in cell.source, f"{grade_id}: GPU work outside a _gpu cell"
 
 
-def bound_names(tree: ast.AST) -> set:
-    """Every name a piece of code binds, anywhere in it (as the autograder counts them)."""
-    names = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
-            names.add(node.id)
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            names.add(node.name)
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            names.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
-        elif isinstance(node, ast.ExceptHandler) and node.name:
-            names.add(node.name)
-        elif isinstance(node, ast.arg):
-            names.add(node.arg)
-    return names
-
-
 @pytest.mark.parametrize("assignment", sorted(ASSIGNMENTS))
 def test_test_cells_split_into_probe_and_checks(assignment):
     """Each test cell: a probe that runs the learner's code, `### CHECKS`, checks that judge it
@@ -185,8 +170,9 @@ def test_test_cells_split_into_probe_and_checks(assignment):
              and not nbgrader_meta(c).get("solution")]
     assert setup and re.search(r"^TEST_SEED = 0\b", setup[0].source, re.MULTILINE), (
         f"{where}: the first setup cell should set TEST_SEED = 0")
-    setup_names = set().union(*(bound_names(ast.parse(c.source)) for c in setup))
-    known = setup_names | set(dir(builtins)) | {"TEST_SEED"}
+    # What the autograder itself counts as known to the checks (autograder.checks).
+    setup = setup_names("\n\n".join(c.source for c in setup))
+    known = setup | set(dir(builtins)) | {SEED_NAME}
     learners = set()  # what the answer cells define at module level
     for cell in answer_cells(nb).values():
         for node in ast.parse(cell.source).body:
@@ -202,19 +188,20 @@ def test_test_cells_split_into_probe_and_checks(assignment):
                   or "### END HIDDEN TESTS" in line]
         assert not hidden or hidden[0] < at[0] < hidden[-1], (
             f"{grade_id}: '### CHECKS' belongs between the hidden-test markers")
-        probe = ast.parse("\n".join(lines[:at[0]]))
-        checks = ast.parse("\n".join(lines[at[0] + 1:]))
+        split = split_test(cell.source, setup)
+        probe = ast.parse(split.probe)
         asserts = [node.lineno for node in ast.walk(probe) if isinstance(node, ast.Assert)]
         assert not asserts, f"{grade_id}: the probe decides nothing; it asserts on lines {asserts}"
+        checks = ast.parse(split.checks)
         used = {node.id for node in ast.walk(checks)
                 if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)} - bound_names(checks)
         assert not used & learners, (
             f"{grade_id}: the checks use what the learner defines: {sorted(used & learners)}")
-        shadowed = used & bound_names(probe) & (known - {"TEST_SEED"})
+        shadowed = used & bound_names(probe) & (known - {SEED_NAME})
         assert not shadowed, (
             f"{grade_id}: the probe's {sorted(shadowed)} would not reach the checks: a setup cell or "
             "builtins use the same names")
-        missing = used - known - bound_names(probe)
+        missing = set(split.reported) - bound_names(probe)
         assert not missing, f"{grade_id}: the checks read {sorted(missing)}, which the probe never sets"
 
 
