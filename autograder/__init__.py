@@ -5,10 +5,12 @@ notebook to run, from trusted parts plus the learner's answers) -> ``execute``
 (papermill, one kernel process per submission, time limits) -> ``judge`` (each test
 cell on its own) -> ``report`` (grades.csv, Gradescope results, executed notebooks)
 and ``gradebook`` (nbgrader's database). ``grade`` strings them together for one
-submission (:func:`autograder.grade.grade_submission`) or many; ``kernels`` starts
-the kernels; ``check`` is the learner's own test run; ``cli`` is ``python -m autograder``.
+submission (:func:`autograder.grade.grade_submission`, the one pipeline, under the one
+:class:`~autograder.options.GradeOptions`); a runner grades many (``grade.LocalRunner``
+here, ``cluster.Cluster`` on Dask); ``kernels`` starts the kernels; ``check`` is the
+learner's own run of the same pipeline; ``cli`` is ``python -m autograder``.
 """
-__all__ = ["GradeOptions", "SubmissionResult", "grade_all", "grade_submission"]
+__all__ = ["GradeOptions", "LocalRunner", "SubmissionResult", "grade_submission"]
 
 
 def __getattr__(name: str):

@@ -1,12 +1,13 @@
 """``python -m autograder check NOTEBOOK``: a learner runs the visible tests on their work.
 
-The same pipeline as grading (rebuild, execute, judge) on one notebook, in a fresh
-kernel whose working directory is the notebook's folder, with the quick profile by
-default, so that it answers in seconds. The tests come from the released notebook when
-``--source`` names it, else from the notebook itself; in that case a test cell the
-learner edited is still run as edited, but flagged: nbgrader's checksum in its metadata
-no longer matches, and grading will use the original. Hidden tests are not in a learner's
-notebook at all, so a passing check is necessary, not sufficient.
+The one grading pipeline (:func:`autograder.grade.grade_submission`: rebuild, a sandboxed
+kernel of its own, the trusted checks in a process of their own, judge) on one notebook,
+with the quick profile by default, so that it answers in seconds and every visible test
+counts exactly as it will when the work is graded. The tests come from the released
+notebook when ``--source`` names it, else from the notebook itself; in that case a test
+cell the learner edited is still run as edited, but flagged: nbgrader's checksum in its
+metadata no longer matches, and grading will use the original. Hidden tests are not in a
+learner's notebook at all, so a passing check is necessary, not sufficient.
 """
 from __future__ import annotations
 
@@ -15,10 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional
 
-from .execute import Limits, execute
-from .judge import HIDDEN_ONLY, MANUAL, PARTIAL, PASSED, SKIPPED, TestResult, judge
-from .layout import read_submission
-from .rebuild import grade_id_of, is_test, rebuild
+from .grade import GRADED, grade_submission
+from .judge import HIDDEN_ONLY, MANUAL, PARTIAL, PASSED, SKIPPED, TestResult
+from .layout import SourceNotebook, Submission, read_submission
+from .options import GradeOptions
+from .rebuild import grade_id_of, is_test
 
 
 @dataclass
@@ -66,28 +68,41 @@ def edited_tests(nb) -> List[str]:
     return edited
 
 
-def check(notebook: Path, source: Optional[Path] = None, device: str = "cpu",
-          profile: str = "quick", limits: Limits = Limits(cell=300, notebook=900)) -> CheckReport:
+def check(notebook: Path, source: Optional[Path] = None,
+          options: GradeOptions = GradeOptions(), fork_server=None) -> CheckReport:
+    """Run the visible tests of ``notebook`` through the grading pipeline.
+
+    ``ValueError`` when the file is not a notebook. A fork server is started for the
+    run when ``options.kernel`` is fork and the caller passes none.
+    """
     notebook = Path(notebook).resolve()
     learner = read_submission(notebook)
-    reference = read_submission(Path(source)) if source else learner
+    reference = SourceNotebook.read_released(Path(source) if source else notebook)
     edited = [] if source else edited_tests(learner)
-    rebuilt = rebuild(reference, learner, device=device, profile=profile)
-    env = {"DLPERF_PROFILE": profile}
-    if device == "cpu":
-        env["CUDA_VISIBLE_DEVICES"] = ""
-    execution = execute(rebuilt.notebook, notebook.parent,
-                        parameters={"autograder_device": device, "autograder_profile": profile},
-                        limits=limits, env=env)
-    tests = judge(execution.notebook, rebuilt.tests, rebuilt.manual, stopped=execution.message)
+    submission = Submission(student_id="you", assignment=notebook.parent.name,
+                            notebook=notebook.stem, path=notebook)
+    server = fork_server
+    if server is None and options.kernel == "fork":
+        from .kernels import ForkServer, fork_supported, notebook_imports
+        if fork_supported():
+            server = ForkServer(notebook_imports([reference.path]))
+    try:
+        result = grade_submission(submission, reference, options, server)
+    finally:
+        if server is not None and server is not fork_server:
+            server.close()
     # A released test cell with no code left held only hidden tests: nothing to check here.
-    sources = {cell.get("id"): cell.source for cell in rebuilt.notebook.cells}
-    empty = {t.grade_id for t in rebuilt.tests if not has_code(sources.get(t.cell_id, ""))}
+    visible = {cell.get("metadata", {}).get("nbgrader", {}).get("grade_id"): cell.source
+               for cell in reference.notebook.cells if is_test(cell)}
     tests = [TestResult(t.grade_id, t.max_score, 0.0, HIDDEN_ONLY,
                         "Hidden tests only: they run when your work is graded.")
-             if t.grade_id in empty else t for t in tests]
-    return CheckReport(notebook=notebook, tests=tests, seconds=execution.seconds, device=device,
-                       problem="" if execution.completed else execution.message, edited=edited)
+             if t.outcome != MANUAL and t.grade_id in visible
+             and not has_code(visible[t.grade_id]) else t
+             for t in result.tests]
+    return CheckReport(notebook=notebook, tests=tests, seconds=result.seconds,
+                       device=options.device,
+                       problem="" if result.status == GRADED else result.message,
+                       edited=edited)
 
 
 MARKS = {PASSED: "PASS", PARTIAL: "PART", SKIPPED: "SKIP", MANUAL: "TODO", HIDDEN_ONLY: "HIDE"}

@@ -3,21 +3,12 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 import time
 from pathlib import Path
 from typing import List, Optional
 
-DEFAULT_TIMEOUT = 900.0       # seconds per notebook
-DEFAULT_CELL_TIMEOUT = 300.0  # seconds per cell (never more than the notebook's)
-
-
-def available_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
+from .options import GiB, available_cores, default
 
 
 def _positive(kind, zero: bool = False):
@@ -52,10 +43,7 @@ def parser() -> argparse.ArgumentParser:
     grade.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                        help="auto uses CUDA when PyTorch sees a GPU; GPU-only tests (grade_id "
                             "ending in _gpu) are skipped on the CPU")
-    grade.add_argument("--timeout", type=_positive(float), default=DEFAULT_TIMEOUT,
-                       metavar="SECONDS", help="time limit per notebook (default %(default)g)")
-    grade.add_argument("--cell-timeout", type=_positive(float), default=DEFAULT_CELL_TIMEOUT,
-                       metavar="SECONDS", help="time limit per cell (default %(default)g)")
+    add_time_limits(grade)
     grade.add_argument("--gradebook", nargs="?", const="sqlite:///gradebook.db", default=None,
                        metavar="DB_URL", help="also store the scores in nbgrader's gradebook "
                        "(default when given without a value: sqlite:///gradebook.db)")
@@ -64,12 +52,7 @@ def parser() -> argparse.ArgumentParser:
                             "(default: the current directory)")
     grade.add_argument("--profile", choices=("auto", "quick", "full"), default="auto",
                        help="run profile for the notebooks (auto: full on CUDA, else quick)")
-    grade.add_argument("--kernel", choices=("fork", "fresh"), default="fork",
-                       help="fork kernels from a process with the imports done (default) or "
-                            "start each as a new interpreter")
-    grade.add_argument("--memory", type=_positive(float), default=4.0, metavar="GIB",
-                       help="data memory per kernel in GiB (default %(default)g); a kernel that "
-                            "holds more than this plus 1 GiB is stopped")
+    add_kernel_options(grade)
     grade.add_argument("--no-progress", action="store_true", help="no progress bar")
     grade.add_argument("--scheduler", default=None, metavar="ADDRESS",
                        help="grade on the workers of the Dask scheduler at ADDRESS (e.g. "
@@ -93,9 +76,36 @@ def parser() -> argparse.ArgumentParser:
                        help="auto uses CUDA when PyTorch sees a GPU (GPU-only tests need it)")
     check.add_argument("--profile", choices=("quick", "full"), default="quick",
                        help="run profile for the notebook (default %(default)s)")
-    check.add_argument("--timeout", type=_positive(float), default=DEFAULT_TIMEOUT,
-                       metavar="SECONDS", help="time limit for the notebook")
+    add_time_limits(check)
+    add_kernel_options(check)
     return top
+
+
+def add_time_limits(command: argparse.ArgumentParser) -> None:
+    command.add_argument("--timeout", type=_positive(float), default=default("notebook"),
+                         metavar="SECONDS", help="time limit per notebook (default %(default)g)")
+    command.add_argument("--cell-timeout", type=_positive(float), default=default("cell"),
+                         metavar="SECONDS", help="time limit per cell (default %(default)g)")
+
+
+def add_kernel_options(command: argparse.ArgumentParser) -> None:
+    command.add_argument("--kernel", choices=("fork", "fresh"), default=default("kernel"),
+                         help="fork kernels from a process with the imports done (default) or "
+                              "start each as a new interpreter")
+    command.add_argument("--memory", type=_positive(float), default=default("memory") / GiB,
+                         metavar="GIB", help="data memory per kernel in GiB (default "
+                         f"%(default)g); a kernel that holds more than this plus "
+                         f"{default('memory_margin') / GiB:g} GiB is stopped")
+
+
+def grade_options(args: argparse.Namespace, device: str, profile: str,
+                  threads: Optional[int] = None, hidden=()):
+    """The one options object, from the command line's words."""
+    from .options import GradeOptions, Limits
+    return GradeOptions(device=device, profile=profile, kernel=args.kernel,
+                        limits=Limits(cell=args.cell_timeout, notebook=args.timeout),
+                        memory=int(args.memory * GiB), threads=threads,
+                        hidden=tuple(str(Path(p).resolve()) for p in hidden))
 
 
 def _quiet_libraries() -> None:
@@ -104,41 +114,42 @@ def _quiet_libraries() -> None:
         logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
-def _start_fork_server(args: argparse.Namespace):
+def _start_fork_server(args: argparse.Namespace, notebooks: List[Path]):
     """Start the fork server first: it imports in the background while we import."""
     from .kernels import ForkServer, fork_supported, notebook_imports
-    from .layout import Course
     if args.kernel != "fork" or not fork_supported():
         return None
-    folder = Course.discover(args.course).assignment_path(args.assignment)
-    return ForkServer(notebook_imports(sorted(folder.glob("*.ipynb"))))
+    return ForkServer(notebook_imports(notebooks))
+
+
+def _assignment_notebooks(args: argparse.Namespace) -> List[Path]:
+    from .layout import Course
+    return sorted(Course.discover(args.course).assignment_path(args.assignment).glob("*.ipynb"))
 
 
 def run_grade(args: argparse.Namespace) -> int:
-    if args.scheduler:  # the workers start fork servers of their own
+    """Choose the runner once (this machine or a Dask cluster), then grade."""
+    if args.scheduler:
         from .cluster import Cluster, ClusterError
-        from .kernels import notebook_imports
-        from .layout import Course
         try:
-            with Cluster(args.scheduler) as cluster:
-                if args.kernel == "fork":
-                    folder = Course.discover(args.course).assignment_path(args.assignment)
-                    cluster.start_fork_servers(notebook_imports(sorted(folder.glob("*.ipynb"))))
-                return _grade(args, None, cluster)
+            with Cluster(args.scheduler, retries=args.retries) as cluster:
+                if args.kernel == "fork":  # the workers import while we prepare
+                    from .kernels import notebook_imports
+                    cluster.start_fork_servers(notebook_imports(_assignment_notebooks(args)))
+                return _grade(args, cluster)
         except ClusterError as error:
             print(f"error: {error}", file=sys.stderr)
             return 2
-    server = _start_fork_server(args)
+    from .grade import LocalRunner
+    server = _start_fork_server(args, _assignment_notebooks(args))
     try:
-        return _grade(args, server)
+        return _grade(args, LocalRunner(args.jobs, server))
     finally:
         if server is not None:
             server.close()
 
 
-def _grade(args: argparse.Namespace, server, cluster=None) -> int:
-    from .execute import Limits
-    from .grade import GradeOptions, grade_all, resolve_device
+def _grade(args: argparse.Namespace, runner) -> int:
     from .layout import Course, find_submissions
     from .report import status_counts, summary, write_grades_csv, write_submission
 
@@ -149,35 +160,26 @@ def _grade(args: argparse.Namespace, server, cluster=None) -> int:
     except FileNotFoundError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    # What needs no kernel comes first, while the fork server does its imports.
-    for source in sources.values():
-        source.graded_view
-    if cluster is not None:
-        cluster.check_workers(sources)  # before anything is written
-        device = cluster.device(args.device)
+    # What needs no kernel comes first, while the fork servers do their imports.
+    runner.prepare(sources)  # before anything is written
+    device = runner.device(args.device)
     writer = None
     if args.gradebook:
         from .gradebook import GradebookWriter
         writer = GradebookWriter(args.gradebook, course_id=course.course_id)
         writer.register_assignment(args.assignment, sources)
-    if cluster is None:
-        device = resolve_device(args.device, server)
     profile = args.profile if args.profile != "auto" else ("full" if device == "cuda" else "quick")
-    limits = Limits(cell=min(args.cell_timeout, args.timeout), notebook=args.timeout)
-    threads = max(1, available_cores() // args.jobs) if cluster is None else None  # a worker's
-    jobs = args.jobs if cluster is None else cluster.threads()
     # Kernels see none of these: the course, every submission, the results, the gradebook.
     hidden = [course.root, args.submitted, args.out]
     if args.gradebook and args.gradebook.startswith("sqlite:///"):
         hidden.append(Path(args.gradebook[len("sqlite:///"):]).resolve().parent)
-    options = GradeOptions(device=device, profile=profile, limits=limits, threads=threads,
-                           memory=int(args.memory * 2**30),
-                           hidden=tuple(str(Path(p).resolve()) for p in hidden))
+    options = grade_options(args, device, profile, threads=runner.kernel_threads(),
+                            hidden=hidden)
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
+    jobs = runner.threads()
     print(f"Grading {len(submissions)} notebook(s) of {args.assignment!r} from {args.submitted} "
-          f"on {device} (profile {profile}, {jobs} job(s), {args.kernel} kernels"
-          + (f", on {cluster.describe()}" if cluster is not None else "") + "); "
+          f"on {device} (profile {profile}, {options.kernel} kernels, on {runner.describe()}); "
           f"references from {course.assignment_path(args.assignment)}", flush=True)
 
     from tqdm import tqdm
@@ -196,12 +198,7 @@ def _grade(args: argparse.Namespace, server, cluster=None) -> int:
 
     start = time.perf_counter()
     try:
-        if cluster is not None:
-            results = cluster.grade(submissions, sources, options, kernel=args.kernel,
-                                    on_result=on_result, retries=args.retries)
-        else:
-            results = grade_all(submissions, sources, options, jobs=args.jobs,
-                                kernel=args.kernel, on_result=on_result, fork_server=server)
+        results = runner.grade(submissions, sources, options, on_result=on_result)
     finally:
         bar.close()
         if writer is not None:
@@ -216,16 +213,19 @@ def _grade(args: argparse.Namespace, server, cluster=None) -> int:
 
 def run_check(args: argparse.Namespace) -> int:
     from .check import check, render
-    from .execute import Limits
     from .grade import resolve_device
+    notebook = Path(args.notebook)
+    server = None
     try:
-        report = check(args.notebook, source=args.source, device=resolve_device(args.device),
-                       profile=args.profile,
-                       limits=Limits(cell=min(DEFAULT_CELL_TIMEOUT, args.timeout),
-                                     notebook=args.timeout))
+        server = _start_fork_server(args, [Path(args.source or notebook)])
+        options = grade_options(args, resolve_device(args.device, server), args.profile)
+        report = check(notebook, source=args.source, options=options, fork_server=server)
     except ValueError as error:
         print(f"error: {args.notebook}: {error}", file=sys.stderr)
         return 2
+    finally:
+        if server is not None:
+            server.close()
     print(render(report))
     return 0 if report.all_passed else 1
 

@@ -252,14 +252,17 @@ class Cluster:
     """A connection to a Dask scheduler that grades submissions on its workers."""
 
     def __init__(self, address: str, timeout: Optional[float] = None,
-                 workers_timeout: float = WORKERS_TIMEOUT):
-        """Connect; ``timeout`` defaults to Dask's ``distributed.comm.timeouts.connect`` (30 s)."""
+                 workers_timeout: float = WORKERS_TIMEOUT, retries: int = DEFAULT_RETRIES):
+        """Connect; ``timeout`` defaults to Dask's ``distributed.comm.timeouts.connect`` (30 s).
+
+        ``retries``: how often a task that raised is run again (worker deaths apart)."""
         try:
             from distributed import Client
         except ImportError as error:
             raise ClusterError(f"grading on a cluster needs dask and distributed "
                                f"(pip install -r requirements.txt): {error}") from None
         self.address = address
+        self.retries = retries
         self.plugin: Optional[str] = None  # the ForkServerPlugin, once started
         try:
             extra = {} if timeout is None else {"timeout": timeout}
@@ -308,6 +311,14 @@ class Cluster:
     def threads(self) -> int:
         """Tasks the workers run at once (their threads), now."""
         return sum(info.get("nthreads", 1) for info in self.workers().values())
+
+    def kernel_threads(self) -> Optional[int]:
+        """None: each worker shares its own machine's cores out (see :func:`kernel_threads`)."""
+        return None
+
+    def prepare(self, sources: Dict[str, SourceNotebook]) -> None:
+        """Before anything is written: the workers must run and see what we do."""
+        self.check_workers(sources)
 
     def threads_by_host(self) -> Dict[str, int]:
         from distributed.comm import get_address_host
@@ -369,18 +380,15 @@ class Cluster:
                 f"{self.threads()} thread(s)" + (f", {gpus} with a GPU" if gpus else "") + ")")
 
     def grade(self, submissions: List[Submission], sources: Dict[str, SourceNotebook],
-              options: GradeOptions = GradeOptions(), kernel: str = "fork",
+              options: GradeOptions = GradeOptions(),
               on_result: Optional[Callable[[SubmissionResult], None]] = None,
-              retries: int = DEFAULT_RETRIES, task: Callable = grade_task
-              ) -> List[SubmissionResult]:
+              task: Callable = grade_task) -> List[SubmissionResult]:
         """Grade every submission on the workers; ``on_result`` sees each as it comes back.
 
         Results come back in the order of ``submissions``. ``task`` is what runs on a
         worker (:func:`grade_task`, or a test's wrapper around it).
         """
         from distributed import as_completed
-        if kernel not in ("fork", "fresh"):
-            raise ValueError(f"kernel must be 'fork' or 'fresh', got {kernel!r}")
         if not submissions:
             return []
         self.check_workers(sources)
@@ -388,7 +396,7 @@ class Cluster:
             source.graded_view  # computed once here and sent along, not on every worker
         run = uuid.uuid4().hex[:12]
         plugin = None
-        if kernel == "fork":
+        if options.kernel == "fork":
             plugin = self.start_fork_servers(
                 notebook_imports(s.path for s in sources.values()))
         spec = RunSpec(plugin=plugin, code=code_digest(),
@@ -409,7 +417,7 @@ class Cluster:
                 task, replace(sub, path=sub.path.absolute()), sources.get(sub.notebook),
                 options, spec, file_digest(sub.path),
                 key=f"grade-{run}-{index:06d}.{attempts[index]}-{sub.key}",
-                pure=False, retries=retries, resources=resources)
+                pure=False, retries=self.retries, resources=resources)
             futures[future] = index
             return future
 
@@ -458,13 +466,12 @@ class Cluster:
 def grade_on_cluster(submissions: List[Submission], sources: Dict[str, SourceNotebook],
                      options: GradeOptions, scheduler_address: str,
                      on_result: Optional[Callable[[SubmissionResult], None]] = None,
-                     kernel: str = "fork", retries: int = DEFAULT_RETRIES,
+                     retries: int = DEFAULT_RETRIES,
                      task: Callable = grade_task) -> List[SubmissionResult]:
     """Grade ``submissions`` on the Dask cluster at ``scheduler_address`` (see :class:`Cluster`).
 
-    The counterpart of :func:`autograder.grade.grade_all`: results in the order of
+    The counterpart of :class:`autograder.grade.LocalRunner`: results in the order of
     ``submissions``, ``on_result`` called here (in the caller's process) for each.
     """
-    with Cluster(scheduler_address) as cluster:
-        return cluster.grade(submissions, sources, options, kernel=kernel, on_result=on_result,
-                             retries=retries, task=task)
+    with Cluster(scheduler_address, retries=retries) as cluster:
+        return cluster.grade(submissions, sources, options, on_result=on_result, task=task)

@@ -29,20 +29,10 @@ from typing import Dict, Optional
 import nbformat
 
 from .kernels import ForkServer, KernelLaunch, manager_class
+from .options import Limits, default
 
 KERNEL_NAME = "python3"
 TIMEOUT_ENAME = "CellTimeoutError"
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Time limits in seconds: per cell (interrupt, go on) and per notebook (kill, stop)."""
-    cell: float = 120.0
-    notebook: float = 900.0
-
-    def __post_init__(self):
-        if self.cell <= 0 or self.notebook <= 0:
-            raise ValueError(f"time limits must be positive, got {self}")
 
 
 @dataclass
@@ -95,7 +85,7 @@ def _last_started(nb: nbformat.NotebookNode) -> str:
     return f"cell {grade_id!r}" if grade_id else f"cell {index + 1} of the executed notebook"
 
 
-OUTPUT_LIMIT = 2 * 1024 * 1024  # bytes of output kept per notebook; more is dropped
+OUTPUT_LIMIT = default("output_limit")  # bytes of output kept per notebook; more is dropped
 FLOOD_FACTOR = 4                # a kernel that prints this many times more is stopped
 
 

@@ -1,11 +1,14 @@
 """Grade submissions: one submission in, one :class:`SubmissionResult` out.
 
-:func:`grade_submission` is the whole pipeline for one notebook -- read it, rebuild it
-on the instructor's reference (:mod:`.rebuild`), run it in a private working directory
-(:mod:`.execute`), judge each test (:mod:`.judge`) -- and returns a plain result object
-without writing anything outside its temporary directory; reporting and the gradebook
-are the caller's. :func:`grade_all` runs it for many submissions, ``jobs`` at a time,
-each in its own kernel process.
+:func:`grade_submission` is the one pipeline for one notebook -- read it, rebuild it on
+the reference (:mod:`.rebuild`), run it in a sandboxed kernel and a private working
+directory (:mod:`.execute`), run the trusted checks in a process of their own
+(:mod:`.checks`), judge each test (:mod:`.judge`) -- under one
+:class:`~autograder.options.GradeOptions`. It returns a plain result object without
+writing anything outside the grader's temporary run folder; reporting and the gradebook
+are the caller's. A runner decides where it runs: :class:`LocalRunner` here, ``jobs`` at
+a time, or :class:`autograder.cluster.Cluster` on Dask workers; ``check`` calls it for
+one notebook.
 """
 from __future__ import annotations
 
@@ -17,35 +20,20 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional
 
 import nbformat
 
-from .execute import TIMEOUT_ENAME, Execution, Limits, execute
+from .execute import TIMEOUT_ENAME, Execution, execute
 from .judge import FAILED, MANUAL, NOT_RUN, PARTIAL, PASSED, SKIPPED, TestResult, judge
 from .kernels import ForkServer, fork_supported, notebook_imports
 from .layout import SourceNotebook, Submission, read_submission
+from .options import GradeOptions, available_cores
 from .rebuild import Rebuilt, TestCell, rebuild
-from .sandbox import GiB, Policy, python_paths, shown_paths
+from .sandbox import Policy, python_paths, shown_paths
 
 GRADED, TIMEOUT, ERROR, INVALID = "graded", "timeout", "error", "invalid"
 STATUSES = (GRADED, TIMEOUT, ERROR, INVALID)
-
-
-MEMORY_MARGIN = 1 * GiB  # resident memory a kernel may hold beyond its data limit
-# (the libraries it maps: PyTorch alone is some hundreds of MB) before it is killed
-
-
-@dataclass(frozen=True)
-class GradeOptions:
-    device: str = "cpu"             # "cpu" or "cuda" (resolve "auto" first: resolve_device)
-    profile: str = "quick"          # the run profile the notebooks are run in
-    limits: Limits = Limits()
-    threads: Optional[int] = None   # CPU threads per kernel (PyTorch, OpenMP)
-    keep_workdirs: bool = False     # leave the working directories for inspection
-    memory: int = 4 * GiB           # data memory of a kernel (RLIMIT_DATA)
-    file_size: int = 256 * 1024 ** 2  # the largest file a kernel may write
-    hidden: Tuple[str, ...] = ()    # more folders kernels must not see (course, output)
 
 
 @dataclass
@@ -98,17 +86,23 @@ def planned_tests(source: SourceNotebook, device: str) -> Rebuilt:
     return rebuild(source.graded_view, source.graded_view, device=device)
 
 
-def _copy_tree(src: Path, dst: Path) -> None:
-    """Copy regular files and folders only: no symlinks or devices out of a submission."""
-    for entry in os.scandir(src):
-        if entry.name.startswith(".ipynb_checkpoints"):
-            continue
+COPY_BUDGET = 100 * 10**6  # bytes of a submission's folder copied at most (nbgrader's
+# collect step refuses files over 100 MB too); what lies beyond is not copied
+
+
+def _copy_tree(src: Path, dst: Path, budget: List[int]) -> None:
+    """Copy regular files and folders only: no symlinks or devices out of a submission,
+    and no more than ``budget[0]`` bytes in all."""
+    for entry in sorted(os.scandir(src), key=lambda e: e.name):
+        if entry.name.startswith(".ipynb_checkpoints") or entry.name.endswith(".ipynb"):
+            continue  # the kernel runs the rebuilt notebook from memory, not files
         info = entry.stat(follow_symlinks=False)
         target = dst / entry.name
         if stat.S_ISDIR(info.st_mode):
             target.mkdir(exist_ok=True)
-            _copy_tree(Path(entry.path), target)
-        elif stat.S_ISREG(info.st_mode):
+            _copy_tree(Path(entry.path), target, budget)
+        elif stat.S_ISREG(info.st_mode) and info.st_size <= budget[0]:
+            budget[0] -= info.st_size
             shutil.copyfile(entry.path, target)
 
 
@@ -134,9 +128,7 @@ def prepare_workdir(submission: Submission, source: SourceNotebook) -> Path:
     """
     workdir = Path(tempfile.mkdtemp(prefix="submission-", dir=run_dir()))
     if submission.folder.is_dir():
-        _copy_tree(submission.folder, workdir)
-    for notebook in workdir.glob("*.ipynb"):
-        notebook.unlink()  # the kernel runs the rebuilt notebook from memory, not files
+        _copy_tree(submission.folder, workdir, [COPY_BUDGET])
     base = source.path.parent
     for path in source.support_files():
         target = workdir / path.relative_to(base)
@@ -148,20 +140,23 @@ def prepare_workdir(submission: Submission, source: SourceNotebook) -> Path:
 def sandbox_policy(submission: Submission, source: SourceNotebook, workdir: Path,
                    options: GradeOptions) -> Policy:
     """What the submission's kernel may see and use (see :mod:`.sandbox`)."""
-    course_sources = source.path.resolve().parent.parent   # the source directory
-    hidden = {str(course_sources.parent), str(course_sources), str(run_dir()),
-              *(str(Path(h).resolve()) for h in options.hidden)}
-    if len(submission.path.parents) > 2:
-        hidden.add(str(submission.path.resolve().parents[2]))  # every student's submissions
+    hidden = {str(run_dir()), *(str(Path(h).resolve()) for h in options.hidden)}
+    if not source.released:  # an instructor's notebook, in COURSE/<source dir>/<assignment>
+        course_sources = source.path.resolve().parent.parent
+        hidden.update((str(course_sources.parent), str(course_sources)))
+        if len(submission.path.parents) > 2:
+            hidden.add(str(submission.path.resolve().parents[2]))  # every student's submissions
     shown = shown_paths(hidden, python_paths())
     return Policy(workdir=str(workdir), memory=options.memory, file_size=options.file_size,
                   cpu_seconds=int(options.limits.notebook) + 60, hidden=tuple(sorted(hidden)),
                   shown=shown)
 
 
-def trusted_checks(rebuilt: Rebuilt, executed: nbformat.NotebookNode) -> Dict[str, object]:
-    """Run the checks of every split test on what its probe reported (in this process)."""
-    from .checks import evidence_of, run_checks
+def trusted_checks(rebuilt: Rebuilt, executed: nbformat.NotebookNode, options: GradeOptions,
+                   fork_server: Optional[ForkServer] = None) -> Dict[str, object]:
+    """Run the checks of every split test on what its probe reported, in a process of
+    this submission's own (see :func:`autograder.checks.run_checks_isolated`)."""
+    from .checks import evidence_of, run_checks_isolated
     by_id = {cell.get("id"): cell for cell in executed.cells}
     work = []
     for test in rebuilt.tests:
@@ -171,7 +166,26 @@ def trusted_checks(rebuilt: Rebuilt, executed: nbformat.NotebookNode) -> Dict[st
         reports, problem = evidence_of(cell)
         if len(reports) == 1 and not problem:
             work.append((test.grade_id, test.checks, reports[0]))
-    return run_checks(rebuilt.setup_code, rebuilt.seed, work) if work else {}
+    if not work:
+        return {}
+    return run_checks_isolated(rebuilt.setup_code, rebuilt.seed, work,
+                               timeout=options.checks_timeout, folder=str(run_dir()),
+                               fork_server=fork_server if options.kernel == "fork" else None)
+
+
+def test_seed(source: SourceNotebook, submission_bytes: bytes) -> int:
+    """This submission's ``TEST_SEED``: the same every time it is graded, unknown in advance.
+
+    An HMAC of the submitted file keyed with the instructor's notebook, which learners
+    never see: a learner cannot compute it, so answers canned for one seed fail, and
+    any change to the file draws new inputs. Grading the same file again (with any number
+    of jobs, here or on a cluster) uses the same inputs, so it gets the same grade.
+    """
+    import hashlib
+    import hmac
+    key = hashlib.sha256(source.path.read_bytes()).digest()
+    digest = hmac.new(key, submission_bytes, hashlib.sha256).digest()
+    return int.from_bytes(digest[:4], "big") % 2**31
 
 
 def for_the_record(executed: nbformat.NotebookNode, tests: List[TestCell],
@@ -238,11 +252,29 @@ def _summary(result: SubmissionResult, execution: Optional[Execution], notes: Li
     return "; ".join(parts)
 
 
+def kernel_environment(workdir: Path, options: GradeOptions) -> Dict[str, str]:
+    """What a submission's kernel gets added to its environment."""
+    env = {"DLPERF_PROFILE": options.profile, "NBGRADER_EXECUTION": "autograde",
+           # Everything the kernel's libraries write goes to its working directory.
+           "HOME": str(workdir), "TMPDIR": str(workdir), "IPYTHONDIR": str(workdir / ".ipython"),
+           "MPLCONFIGDIR": str(workdir / ".matplotlib")}
+    if options.device == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    return env
+
+
 def grade_submission(submission: Submission, source: Optional[SourceNotebook],
                      options: GradeOptions = GradeOptions(),
                      fork_server: Optional[ForkServer] = None) -> SubmissionResult:
-    """Grade one submission (a pure function but for its temporary working directory)."""
+    """The one pipeline for one notebook: read it, rebuild it on the reference, run it in a
+    sandboxed kernel of its own, run the trusted checks in a process of their own, judge
+    every test. ``grade`` (here and on Dask workers) and ``check`` all call this.
+
+    Nothing is written outside the grader's temporary run folder; reporting and the
+    gradebook are the caller's. ``fork_server`` is used when ``options.kernel`` is fork.
+    """
     start = time.perf_counter()
+    server = fork_server if options.kernel == "fork" else None
 
     def finish(result: SubmissionResult) -> SubmissionResult:
         result.seconds = round(time.perf_counter() - start, 3)
@@ -257,13 +289,12 @@ def grade_submission(submission: Submission, source: Optional[SourceNotebook],
         return invalid(f"no notebook {submission.notebook!r} in assignment "
                        f"{submission.assignment!r}", [])
     plan = planned_tests(source, options.device)
-    import secrets
-    seed = secrets.randbelow(2**31)  # this submission's test inputs: unknown in advance
     zero = [TestResult(t.grade_id, t.points, 0.0, SKIPPED if t.skipped else FAILED,
                        "Not graded: the submission could not be read.", t.hidden)
             for t in plan.tests]
     try:
         submitted = read_submission(submission.path)
+        seed = test_seed(source, submission.path.read_bytes())
         rebuilt = rebuild(source.graded_view, submitted, device=options.device,
                           profile=options.profile, seed=seed)
     except ValueError as error:
@@ -275,28 +306,24 @@ def grade_submission(submission: Submission, source: Optional[SourceNotebook],
     os.close(handle)
     log = Path(name)  # the kernel's own stderr: why it failed to start, if it does
     try:
-        env = {"DLPERF_PROFILE": options.profile, "NBGRADER_EXECUTION": "autograde",
-               # Everything the kernel's libraries write goes to its working directory.
-               "HOME": str(workdir), "TMPDIR": str(workdir), "IPYTHONDIR": str(workdir / ".ipython"),
-               "MPLCONFIGDIR": str(workdir / ".matplotlib")}
-        if options.device == "cpu":
-            env["CUDA_VISIBLE_DEVICES"] = ""
         execution = execute(rebuilt.notebook, workdir,
                             parameters={"autograder_device": options.device,
                                         "autograder_profile": options.profile},
-                            limits=options.limits, env=env, fork_server=fork_server,
-                            threads=options.threads, log=log, sandbox=policy.to_dict(),
-                            memory_limit=options.memory + MEMORY_MARGIN)
+                            limits=options.limits, env=kernel_environment(workdir, options),
+                            fork_server=server, threads=options.threads, log=log,
+                            sandbox=policy.to_dict(), memory_limit=options.memory_limit,
+                            output_limit=options.output_limit)
     finally:
         log.unlink(missing_ok=True)
         if not options.keep_workdirs:
             shutil.rmtree(workdir, ignore_errors=True)
 
+    from .checks import ChecksSetupError
     try:
-        checked = trusted_checks(rebuilt, execution.notebook)
-    except Exception as error:  # the instructor's setup code failed here: a grader problem
+        checked = trusted_checks(rebuilt, execution.notebook, options, server)
+    except ChecksSetupError as error:  # the instructor's setup code failed: a grader problem
         result = SubmissionResult(submission, ERROR, f"the grader could not run the checks: "
-                                  f"{type(error).__name__}: {error}", device=options.device)
+                                  f"{error}", device=options.device)
         return finish(result)
     tests = judge(execution.notebook, rebuilt.tests, rebuilt.manual, stopped=execution.message,
                   checked=checked)
@@ -316,46 +343,67 @@ def grade_submission(submission: Submission, source: Optional[SourceNotebook],
     return finish(result)
 
 
-def grade_all(submissions: List[Submission], sources: Dict[str, SourceNotebook],
-              options: GradeOptions = GradeOptions(), jobs: int = 1, kernel: str = "fork",
-              on_result: Optional[Callable[[SubmissionResult], None]] = None,
-              fork_server: Optional[ForkServer] = None) -> List[SubmissionResult]:
-    """Grade every submission, ``jobs`` at a time; ``on_result`` sees each as it finishes.
+class LocalRunner:
+    """Grades on this machine: ``jobs`` submissions at once, each in its own kernel.
 
-    ``kernel="fork"`` starts kernels from a fork server that has already imported what
-    the instructor's notebooks import (see :mod:`.kernels`); ``"fresh"`` starts each
-    kernel as a new interpreter. Either way each submission runs in its own process.
-    A ``fork_server`` already started by the caller is used (and left running).
-    Results come back in the order of ``submissions``.
+    With ``options.kernel`` fork, kernels (and the trusted checks) are forked from a fork
+    server that has already imported what the instructor's notebooks import (see
+    :mod:`.kernels`); a ``fork_server`` the caller started is used and left running, else
+    one is started for the run. :class:`autograder.cluster.Cluster` is the other runner.
     """
-    if kernel not in ("fork", "fresh"):
-        raise ValueError(f"kernel must be 'fork' or 'fresh', got {kernel!r}")
-    jobs = max(1, int(jobs))
-    for source in sources.values():
-        source.graded_view  # computed once here, not concurrently in the threads
-    server, own_server = (fork_server if kernel == "fork" else None), False
-    if kernel == "fork" and server is None and fork_supported() and submissions:
-        server = ForkServer(notebook_imports(s.path for s in sources.values()))
-        own_server = True
-    results: Dict[int, SubmissionResult] = {}
-    try:
-        with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="grade") as pool:
-            futures = {pool.submit(grade_submission, sub, sources.get(sub.notebook), options,
-                                   server): index
-                       for index, sub in enumerate(submissions)}
-            for future in as_completed(futures):
-                index = futures[future]
-                try:
-                    result = future.result()
-                except Exception as error:  # a grader bug must still give the student a row
-                    sub = submissions[index]
-                    result = SubmissionResult(sub, ERROR, f"the grader failed: "
-                                              f"{type(error).__name__}: {error}",
-                                              device=options.device)
-                results[index] = result
-                if on_result is not None:
-                    on_result(result)
-    finally:
-        if own_server:
-            server.close()
-    return [results[i] for i in range(len(submissions))]
+
+    def __init__(self, jobs: int = 1, fork_server: Optional[ForkServer] = None):
+        self.jobs = max(1, int(jobs))
+        self.fork_server = fork_server
+
+    def threads(self) -> int:
+        """Submissions graded at once."""
+        return self.jobs
+
+    def kernel_threads(self) -> int:
+        """CPU threads per kernel: this machine's cores shared by the jobs."""
+        return max(1, available_cores() // self.jobs)
+
+    def describe(self) -> str:
+        return f"this machine, {self.jobs} job(s)"
+
+    def device(self, requested: str) -> str:
+        return resolve_device(requested, self.fork_server)
+
+    def prepare(self, sources: Dict[str, SourceNotebook]) -> None:
+        """Work done once per run before any kernel starts."""
+        for source in sources.values():
+            source.graded_view
+
+    def grade(self, submissions: List[Submission], sources: Dict[str, SourceNotebook],
+              options: GradeOptions = GradeOptions(),
+              on_result: Optional[Callable[[SubmissionResult], None]] = None
+              ) -> List[SubmissionResult]:
+        """Grade every submission; ``on_result`` sees each as it finishes. Results come
+        back in the order of ``submissions``."""
+        self.prepare(sources)  # not concurrently in the threads
+        server, own_server = (self.fork_server if options.kernel == "fork" else None), False
+        if options.kernel == "fork" and server is None and fork_supported() and submissions:
+            server = ForkServer(notebook_imports(s.path for s in sources.values()))
+            own_server = True
+        results: Dict[int, SubmissionResult] = {}
+        try:
+            with ThreadPoolExecutor(max_workers=self.jobs, thread_name_prefix="grade") as pool:
+                futures = {pool.submit(grade_submission, sub, sources.get(sub.notebook),
+                                       options, server): index
+                           for index, sub in enumerate(submissions)}
+                for future in as_completed(futures):
+                    index = futures[future]
+                    try:
+                        result = future.result()
+                    except Exception as error:  # a grader bug must still give the student a row
+                        result = SubmissionResult(submissions[index], ERROR, f"the grader failed: "
+                                                  f"{type(error).__name__}: {error}",
+                                                  device=options.device)
+                    results[index] = result
+                    if on_result is not None:
+                        on_result(result)
+        finally:
+            if own_server:
+                server.close()
+        return [results[i] for i in range(len(submissions))]

@@ -177,6 +177,24 @@ def _become_kernel(request: dict, server_pid: int) -> None:
     app.start()
 
 
+def _run_checks(request: dict) -> None:
+    """In the forked child: run one submission's trusted checks (see :mod:`.checks`).
+
+    A process of its own for each submission, so whatever process-wide state the
+    instructor's checks change (PyTorch's global generator, default dtype, threads,
+    module attributes) dies with it and no other submission's checks see it.
+    """
+    os.setsid()  # its own process group: a timeout kills it and all it started
+    for signum in (signal.SIGCHLD, signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_DFL)
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)  # never the server's protocol pipe
+    os.close(devnull)
+    from .checks import serve_request
+    serve_request(request["request"], request["result"])
+
+
 def _probe_cuda() -> bool:
     """Whether PyTorch sees a CUDA GPU, asked in a throwaway child: CUDA, once initialised,
     does not survive fork(), so the server itself must never touch it."""
@@ -223,7 +241,10 @@ def serve(preload: Iterable[str], stdin=None, stdout=None) -> None:
         if pid == 0:
             code = 0
             try:
-                _become_kernel(request, server_pid=os.getppid())
+                if request.get("op") == "checks":
+                    _run_checks(request)
+                else:
+                    _become_kernel(request, server_pid=os.getppid())
             except SystemExit as done:
                 code = done.code if isinstance(done.code, int) else 0
             except BaseException:
@@ -307,6 +328,14 @@ class ForkServer:
         if not line:
             raise RuntimeError(f"fork server exited (code {self.process.poll()})")
         return json.loads(line)
+
+    def fork_checks(self, request: str, result: str) -> int:
+        """Fork a process that runs the checks described in the file ``request`` and
+        writes their outcomes to the file ``result``; its pid (it is not our child)."""
+        answer = self._ask({"op": "checks", "request": request, "result": result})
+        if "error" in answer:
+            raise RuntimeError(f"fork server could not start the checks: {answer['error']}")
+        return int(answer["pid"])
 
     def fork(self, argv: List[str], cwd: str, env: Dict[str, str],
              threads: Optional[int] = None, log: Optional[str] = None,

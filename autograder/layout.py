@@ -62,6 +62,15 @@ class SourceNotebook:
     path: Path
     notebook: "nbformat.NotebookNode" = field(repr=False)
     config: object = field(default=None, repr=False)  # the course's nbgrader (traitlets) config
+    released: bool = False  # a released (student) notebook, the reference of `check`
+
+    @classmethod
+    def read_released(cls, path: Path) -> "SourceNotebook":
+        """A released notebook as the reference (``check``): its test cells are taken as
+        they are, hidden tests already gone; its folder is the learner's, not a course's."""
+        path = Path(path).resolve()
+        return cls(assignment=path.parent.name, name=path.stem, path=path,
+                   notebook=read_submission(path), released=True)
 
     @classmethod
     def read(cls, path: Path, assignment: str, config=None) -> "SourceNotebook":
@@ -77,8 +86,10 @@ class SourceNotebook:
         nbgrader's own preprocessors replace each solution region by the released stub
         and add the cell checksums; the hidden tests stay. This is what the grader
         trusts: its test and read-only cells are run as they are, its stubs tell
-        whether a learner answered at all.
+        whether a learner answered at all. A released notebook is that already.
         """
+        if self.released:
+            return copy.deepcopy(self.notebook)
         from nbgrader.preprocessors import (ClearOutput, ClearSolutions, ComputeChecksums,
                                             LockCells)
         from traitlets.config import Config
@@ -90,7 +101,11 @@ class SourceNotebook:
         return nb
 
     def support_files(self) -> List[Path]:
-        """Files beside the notebook that nbgrader copies into every submission (data, modules)."""
+        """Files beside the notebook that nbgrader copies into every submission (data, modules).
+
+        None for a released notebook: the learner's folder already has what it has."""
+        if self.released:
+            return []
         folder = self.path.parent
         return sorted(p for p in folder.rglob("*")
                       if p.is_file() and p.suffix != ".ipynb"

@@ -293,8 +293,9 @@ def test_cuda_submissions_go_only_to_workers_with_a_gpu(cluster, tmp_path):
             assert connected.device("auto") == "cuda"
             gpu_workers = connected.gpu_workers()
             assert len(gpu_workers) == 1
-            results = connected.grade(submissions, sources, replace(OPTIONS, device="cuda"),
-                                      kernel="fresh", task=where_it_ran)
+            results = connected.grade(submissions, sources,
+                                      replace(OPTIONS, device="cuda", kernel="fresh"),
+                                      task=where_it_ran)
         assert [r.message for r in results] == gpu_workers * 4
     finally:
         stop(gpu)

@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 import pytest
 
 from autograder.execute import Limits
-from autograder.grade import (ERROR, GRADED, INVALID, GradeOptions, grade_all, grade_submission,
+from autograder.grade import (ERROR, GRADED, INVALID, GradeOptions, LocalRunner, grade_submission,
                               prepare_workdir, resolve_device)
 from autograder.judge import PASSED, SKIPPED
 from autograder.layout import Course, find_submissions
@@ -83,7 +84,7 @@ def test_unreadable_or_missing_notebooks_are_invalid(tmp_path, sources):
 
 @pytest.mark.integration
 @pytest.mark.parametrize("kernel", ["fork", "fresh"])
-def test_grade_all_gives_each_case_its_score(tmp_path, sources, kernel):
+def test_local_runner_gives_each_case_its_score(tmp_path, sources, kernel):
     cases = graded_cases()
     if kernel == "fresh":  # the slower way: two cases are enough to compare
         cases = {k: cases[k] for k in ("off_by_one", "tampered")}
@@ -92,7 +93,8 @@ def test_grade_all_gives_each_case_its_score(tmp_path, sources, kernel):
     write(tmp_path, "crashes", answered(squares="import os\nos._exit(1)"))
     submissions = find_submissions(tmp_path, "demo", notebooks=["demo"])
     seen = []
-    results = grade_all(submissions, sources, OPTIONS, jobs=2, kernel=kernel, on_result=seen.append)
+    results = LocalRunner(jobs=2).grade(submissions, sources, replace(OPTIONS, kernel=kernel),
+                                        on_result=seen.append)
     assert len(seen) == len(results) == len(submissions)
     by_student = {r.submission.student_id: r for r in results}
     assert [r.submission for r in results] == submissions

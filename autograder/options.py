@@ -1,0 +1,87 @@
+"""Every limit and default of grading one notebook, defined once.
+
+``python -m autograder grade`` (here or on a Dask cluster) and ``python -m autograder
+check`` build one :class:`GradeOptions` and hand it to the one pipeline,
+:func:`autograder.grade.grade_submission`; the command line takes its defaults from the
+class, so no entry point can drift from another.
+
+This module imports nothing heavy: the command line reads it before anything else.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields
+from typing import Optional, Tuple
+
+GiB = 1024 ** 3
+MiB = 1024 ** 2
+
+DEVICES = ("cpu", "cuda")
+PROFILES = ("quick", "full")
+KERNELS = ("fork", "fresh")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Time limits in seconds: per cell (interrupt, go on) and per notebook (kill, stop)."""
+    cell: float = 300.0
+    notebook: float = 900.0
+
+    def __post_init__(self):
+        if self.cell <= 0 or self.notebook <= 0:
+            raise ValueError(f"time limits must be positive, got {self}")
+        if self.cell > self.notebook:  # a cell can never run longer than its notebook
+            object.__setattr__(self, "cell", self.notebook)
+
+
+@dataclass(frozen=True)
+class GradeOptions:
+    """How one notebook is graded. Sizes in bytes, times in seconds."""
+    device: str = "cpu"             # "cpu" or "cuda" (resolve "auto" first: resolve_device)
+    profile: str = "quick"          # the run profile the notebooks run in
+    kernel: str = "fork"            # "fork": from a warm fork server; "fresh": a new interpreter
+    limits: Limits = field(default_factory=Limits)
+    checks_timeout: float = 60.0    # the trusted checks of one test cell
+    memory: int = 4 * GiB           # data memory of a kernel (RLIMIT_DATA)
+    memory_margin: int = 1 * GiB    # resident memory beyond `memory` (the libraries it maps:
+    #                                 PyTorch alone is some hundreds of MB) before it is killed
+    file_size: int = 256 * MiB      # the largest file a kernel may write
+    output_limit: int = 2 * MiB     # output kept per notebook; 4 times this stops the kernel
+    threads: Optional[int] = None   # CPU threads per kernel (PyTorch, OpenMP); None: all
+    keep_workdirs: bool = False     # leave the working directories for inspection
+    hidden: Tuple[str, ...] = ()    # more folders kernels must not see (course, output)
+
+    def __post_init__(self):
+        if self.device not in DEVICES:
+            raise ValueError(f"device must be one of {DEVICES}, got {self.device!r}")
+        if self.profile not in PROFILES:
+            raise ValueError(f"profile must be one of {PROFILES}, got {self.profile!r}")
+        if self.kernel not in KERNELS:
+            raise ValueError(f"kernel must be one of {KERNELS}, got {self.kernel!r}")
+        for name in ("checks_timeout", "memory", "file_size", "output_limit"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")
+
+    @property
+    def memory_limit(self) -> int:
+        """Resident memory past which the kernel is stopped."""
+        return self.memory + self.memory_margin
+
+
+def default(name: str):
+    """The default of one option (for the command line's help and defaults)."""
+    for option in fields(GradeOptions):
+        if option.name == name:
+            return option.default_factory() if callable(option.default_factory) \
+                else option.default
+    if name in ("cell", "notebook"):
+        return getattr(Limits(), name)
+    raise KeyError(name)
+
+
+def available_cores() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
