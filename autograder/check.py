@@ -11,11 +11,11 @@ learner's notebook at all, so a passing check is necessary, not sufficient.
 """
 from __future__ import annotations
 
-import ast
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional
 
+from .checks import parse
 from .grade import GRADED, grade_submission
 from .judge import HIDDEN_ONLY, MANUAL, PARTIAL, PASSED, SKIPPED, TestResult
 from .layout import SourceNotebook, Submission, read_submission
@@ -52,7 +52,7 @@ class CheckReport:
 def has_code(source: str) -> bool:
     """Whether a cell holds any statement (not only comments and blank lines)."""
     try:
-        return bool(ast.parse(source).body)
+        return bool(parse(source).body)
     except SyntaxError:
         return True  # IPython syntax or a typo: something is there to run
 

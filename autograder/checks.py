@@ -26,6 +26,7 @@ import builtins
 import io
 import json
 import re
+import threading
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
@@ -34,6 +35,20 @@ from .evidence import MIME
 MARKER = "### CHECKS"
 SEED_NAME = "TEST_SEED"
 HIDDEN_MARKERS = re.compile(r"^\s*### (BEGIN|END) HIDDEN TESTS\s*$")
+
+
+_PARSING = threading.Lock()
+
+
+def parse(source: str) -> ast.Module:
+    """``ast.parse``, one thread at a time.
+
+    CPython 3.11 keeps the recursion depth of its parse-tree-to-Python-objects conversion
+    in interpreter-wide state: two grading threads parsing at once could fail with
+    ``SystemError: AST constructor recursion depth mismatch`` (seen at ``--jobs 4``).
+    """
+    with _PARSING:
+        return ast.parse(source)
 
 
 @dataclass(frozen=True)
@@ -71,7 +86,7 @@ def bound_names(tree: ast.AST) -> set:
 def setup_names(setup_code: str) -> set:
     """Names the setup cells define at top level (not their functions' locals)."""
     try:
-        tree = ast.parse(setup_code)
+        tree = parse(setup_code)
     except SyntaxError:
         return set()
     names = set()
@@ -91,7 +106,7 @@ def split_test(source: str, setup: Iterable[str] = ()) -> Optional[SplitTest]:
         return None
     probe = "\n".join(lines[:at[0]])
     checks = "\n".join(line for line in lines[at[0] + 1:] if not HIDDEN_MARKERS.match(line))
-    tree = ast.parse(checks)
+    tree = parse(checks)
     loaded = {node.id for node in ast.walk(tree)
               if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)}
     known = bound_names(tree) | set(setup) | set(dir(builtins)) | {SEED_NAME}
@@ -107,7 +122,7 @@ def probe_source(split: SplitTest) -> str:
 
 def assigns_seed(source: str) -> bool:
     try:
-        return SEED_NAME in bound_names(ast.parse(source))
+        return SEED_NAME in bound_names(parse(source))
     except SyntaxError:
         return False
 
@@ -232,7 +247,7 @@ class TrustedChecks:
             return CheckOutcome(False, f"the test's results could not be read: {error}", "")
         namespace.update(values)
         try:
-            tree = ast.parse(checks)
+            tree = parse(checks)
             last = tree.body[-1] if tree.body and isinstance(tree.body[-1], ast.Expr) else None
             if last is not None:
                 tree.body = tree.body[:-1]

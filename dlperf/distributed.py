@@ -22,12 +22,14 @@ import queue as queue_module
 import socket
 import statistics
 import time
+import traceback
 from datetime import timedelta
 from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.multiprocessing.spawn import ProcessException, ProcessRaisedException
 
 LOOPBACK = "127.0.0.1"
 
@@ -87,17 +89,29 @@ def start_method() -> str:
     return "forkserver"
 
 
+class _Failure(tuple):
+    """(when, traceback) of a worker's exception; ``when`` on the machine's monotonic clock."""
+
+
 def _worker_entry(rank: int, fn: Callable, world_size: int, port: int, backend: Optional[str],
                   args: tuple, results, timeout: float, threads: int) -> None:
     torch.set_num_threads(threads)
-    if backend == "nccl":  # NCCL wants one GPU per process
-        torch.cuda.set_device(rank % torch.cuda.device_count())
-    if backend is not None:
-        init_process_group(rank, world_size, port, backend, timeout)
+    joined = False
     try:
-        result = fn(rank, world_size, *args)
-    finally:
+        if backend == "nccl":  # NCCL wants one GPU per process
+            torch.cuda.set_device(rank % torch.cuda.device_count())
         if backend is not None:
+            init_process_group(rank, world_size, port, backend, timeout)
+            joined = True
+        result = fn(rank, world_size, *args)
+    except BaseException:
+        # Reported, with the moment it happened, before this worker leaves the group: its
+        # peers then fail too (a closed connection), and the parent must tell the cause
+        # from its consequences.
+        results.put((rank, _Failure((time.monotonic(), traceback.format_exc()))))
+        raise
+    finally:
+        if joined:
             dist.destroy_process_group()
     # Plain pickle: torch's multiprocessing queues would send tensors through shared
     # memory that this process owns, and it is about to exit.
@@ -131,21 +145,29 @@ def run_workers(fn: Callable, world_size: int, args: Sequence = (), *,
     collected: Dict[int, object] = {}
     deadline = time.monotonic() + timeout
 
+    failures: Dict[int, _Failure] = {}
+
     def drain(wait: float) -> None:
         try:
             while True:
                 rank, result = results.get(timeout=wait)
-                collected[rank] = pickle.loads(result)
+                if isinstance(result, _Failure):
+                    failures[rank] = result
+                else:
+                    collected[rank] = pickle.loads(result)
         except queue_module.Empty:
             pass
 
     try:
-        while not processes.join(timeout=0.1):  # raises if a worker failed
-            drain(0.0)
-            if time.monotonic() > deadline:
-                running = [r for r, p in enumerate(processes.processes) if p.is_alive()]
-                raise TimeoutError(f"workers {running} of {world_size} still running after "
-                                   f"{timeout:.0f} s; stopped them")
+        try:
+            while not processes.join(timeout=0.1):  # raises if a worker failed
+                drain(0.0)
+                if time.monotonic() > deadline:
+                    running = [r for r, p in enumerate(processes.processes) if p.is_alive()]
+                    raise TimeoutError(f"workers {running} of {world_size} still running "
+                                       f"after {timeout:.0f} s; stopped them")
+        except ProcessException as first:
+            raise _root_cause(first, failures, drain, processes.processes) from None
         while len(collected) < world_size and time.monotonic() < deadline:
             drain(0.5)
     finally:
@@ -161,6 +183,27 @@ def run_workers(fn: Callable, world_size: int, args: Sequence = (), *,
     if missing:
         raise RuntimeError(f"workers {missing} exited without a result")
     return [collected[rank] for rank in range(world_size)]
+
+
+def _root_cause(first: Exception, failures: Dict[int, "_Failure"], drain: Callable,
+                processes: list, grace: float = 5.0) -> Exception:
+    """The exception to raise when workers failed: the earliest worker's own.
+
+    The first failure the parent notices is often a consequence (a peer's closed
+    connection), so it waits up to ``grace`` seconds for the other workers to report or
+    end, then names the worker whose exception came first, with its traceback.
+    """
+    until = time.monotonic() + grace
+    while time.monotonic() < until and any(p.is_alive() for p in processes):
+        drain(0.1)
+    drain(0.0)
+    if not failures:
+        return first  # a worker died without raising (a signal, os._exit)
+    rank = min(failures, key=lambda r: failures[r][0])
+    others = sorted(set(failures) - {rank})
+    note = (f" (then worker(s) {others} failed too, as a consequence)" if others else "")
+    return ProcessRaisedException(f"worker {rank} of {len(processes)} raised first{note}:\n\n"
+                                  f"{failures[rank][1]}", rank, processes[rank].pid)
 
 
 # ---------------------------------------------------------------- ring allreduce

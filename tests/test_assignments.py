@@ -205,6 +205,69 @@ def test_test_cells_split_into_probe_and_checks(assignment):
         assert not missing, f"{grade_id}: the checks read {sorted(missing)}, which the probe never sets"
 
 
+# Calls that change or draw from state every test in a process shares: a test that makes one
+# depends on what ran before it, and changes what runs after it.
+GLOBAL_SETTERS = re.compile(
+    r"^(torch\.(manual_seed|seed|set_\w+|use_deterministic_algorithms|random\.\w+"
+    r"|cuda\.(manual_seed\w*|seed\w*|set_\w+))|random\.(seed|setstate)"
+    r"|(np|numpy)\.random\.\w+|warnings\.(filterwarnings|simplefilter|resetwarnings)"
+    r"|os\.(environ\.\w+|putenv|unsetenv|chdir)|sys\.setrecursionlimit|setattr)$")
+GLOBAL_DRAWS = re.compile(
+    r"^(torch\.(rand|randn|randint|randperm|rand_like|randn_like|randint_like|normal"
+    r"|bernoulli|multinomial|poisson)|random\.(random|randint|randrange|choice|choices"
+    r"|shuffle|sample|uniform|gauss))$")
+
+
+def dotted(node: ast.AST) -> str:
+    """``torch.cuda.manual_seed`` for the function of such a call; "" for anything else."""
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        inner = dotted(node.value)
+        return f"{inner}.{node.attr}" if inner else ""
+    return ""
+
+
+def global_state_calls(source: str) -> list:
+    """(line, call) for each call in ``source`` that sets process-wide state, or draws
+    random numbers from a global generator (no ``generator=`` of its own)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Call):
+            continue
+        name = dotted(node.func)
+        own_generator = any(k.arg == "generator" for k in node.keywords)
+        if GLOBAL_SETTERS.match(name) or (GLOBAL_DRAWS.match(name) and not own_generator):
+            found.append((node.lineno, name))
+    return found
+
+
+def test_global_state_calls_are_found():
+    source = ("torch.manual_seed(0)\ntorch.set_default_dtype(torch.float64)\n"
+              "x = torch.randn(3)\ny = torch.randn(3, generator=gen)\n"
+              "random.seed(1)\nrng = random.Random(TEST_SEED)\nrng.randint(1, 2)\n"
+              "warnings.simplefilter('ignore')\nos.environ.setdefault('A', '1')\n")
+    assert [name for _, name in global_state_calls(source)] == [
+        "torch.manual_seed", "torch.set_default_dtype", "torch.randn", "random.seed",
+        "warnings.simplefilter", "os.environ.setdefault"]
+
+
+@pytest.mark.parametrize("assignment", sorted(ASSIGNMENTS))
+def test_test_cells_leave_process_wide_state_alone(assignment):
+    """The checks of many submissions must not see each other: a test cell (probe, checks)
+    and the setup cells the checks run on use generators of their own (torch.Generator,
+    random.Random) and set nothing process-wide (solutions/GRADING.md)."""
+    nb = solution_notebook(assignment)
+    setup = [c for c in nb.cells if c.cell_type == "code" and not nbgrader_meta(c).get("grade")
+             and not nbgrader_meta(c).get("solution")]
+    cells = {**grade_cells(nb), **{f"setup cell {i}": c for i, c in enumerate(setup)}}
+    for name, cell in cells.items():
+        calls = global_state_calls(cell.source)
+        assert not calls, (f"solutions/{assignment}, {name}: process-wide state at (line, call) "
+                           f"{calls}; use torch.Generator().manual_seed(TEST_SEED) or "
+                           "random.Random(TEST_SEED) and pass it along")
+
+
 @pytest.mark.parametrize("path", WRONG, ids=[f"{p.parent.name}/{p.stem}" for p in WRONG])
 def test_wrong_submission_file_is_well_formed(path):
     case = load_wrong(path)

@@ -1,0 +1,105 @@
+"""Grades do not depend on how grading runs: the jobs, the cluster, the other submissions.
+
+Every assignment's reference solution, typed into the released notebook as a learner would,
+is handed in 20 times with the unedited release and every wrong submission of
+tests/wrong_submissions. Graded with ``--jobs 4``, the 20 copies all get full marks. A subset
+(4 copies, the release, the wrong ones) graded with ``--jobs 1``, ``--jobs 2`` and on the
+loopback Dask cluster gets the same ``score``, ``max_score``, ``status`` and ``message`` in
+grades.csv and the same score for every test in the results.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from tests.assignments import ASSIGNMENTS, EXERCISES, ROOT, WRONG, load_wrong, submission
+from tests.dask_cluster import CLUSTER_ENV, cluster  # noqa: F401 - cluster: a fixture
+
+pytestmark = pytest.mark.integration
+
+COPIES, SUBSET = 20, 4
+COMPARED = ("score", "max_score", "status", "message")
+
+
+def hand_in(folder: Path, assignment: str, copies: int) -> None:
+    """SUBMITTED/<student>/<assignment>/<notebook>.ipynb for the copies and the other cases."""
+    notebook = ASSIGNMENTS[assignment]
+    cases = {f"reference_{n:02d}": submission(assignment, {}) for n in range(copies)}
+    cases["unedited"] = nbformat.read(str(EXERCISES / assignment / f"{notebook}.ipynb"),
+                                      as_version=4)
+    for path in WRONG:
+        case = load_wrong(path)
+        if case["assignment"] == assignment:
+            cases[case["student"]] = submission(assignment, case["answers"])
+    for student, nb in cases.items():
+        target = folder / student / assignment
+        target.mkdir(parents=True)
+        nbformat.write(nb, str(target / f"{notebook}.ipynb"))
+
+
+def grade(submitted: Path, assignment: str, out: Path, *options: str) -> dict:
+    """Grade with the README's command; per student: the grades.csv row and test scores."""
+    done = subprocess.run(
+        [sys.executable, "-m", "autograder", "grade", str(submitted), "--assignment", assignment,
+         "--out", str(out), "--no-progress", *options],
+        cwd=ROOT, env=dict(os.environ, **CLUSTER_ENV), capture_output=True, text=True,
+        timeout=1200)
+    assert done.returncode == 0, f"{options}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    with (out / "grades.csv").open() as handle:
+        rows = {row["student_id"]: row for row in csv.DictReader(handle)}
+    graded = {}
+    for student, row in rows.items():
+        results = out / student / assignment / f"{ASSIGNMENTS[assignment]}.results.json"
+        tests = {t["name"]: (t["score"], t["extra_data"]["outcome"])
+                 for t in json.loads(results.read_text())["tests"]}
+        graded[student] = {"row": {k: row[k] for k in COMPARED}, "tests": tests}
+    return graded
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, cluster):  # noqa: F811 - the fixture imported above
+    found = {}
+    for assignment in ASSIGNMENTS:
+        base = tmp_path_factory.mktemp(assignment)
+        everyone, subset = base / "all", base / "subset"
+        hand_in(everyone, assignment, COPIES)
+        hand_in(subset, assignment, SUBSET)
+        found[assignment] = {
+            "jobs 4, all": grade(everyone, assignment, base / "out-4", "--jobs", "4"),
+            "jobs 1": grade(subset, assignment, base / "out-1", "--jobs", "1"),
+            "jobs 2": grade(subset, assignment, base / "out-2", "--jobs", "2"),
+            "dask": grade(subset, assignment, base / "out-dask", "--scheduler",
+                          cluster.address),
+        }
+    return found
+
+
+@pytest.mark.parametrize("assignment", sorted(ASSIGNMENTS))
+def test_the_reference_gets_full_marks_every_time(runs, assignment):
+    graded = runs[assignment]["jobs 4, all"]
+    copies = {s: g for s, g in graded.items() if s.startswith("reference_")}
+    assert len(copies) == COPIES
+    lost = {student: {name: test for name, test in g["tests"].items()
+                      if test[1] not in ("passed", "skipped")}
+            for student, g in copies.items()
+            if g["row"]["status"] != "graded" or g["row"]["score"] != g["row"]["max_score"]}
+    assert not lost, f"{assignment}: {len(lost)} of {COPIES} copies lost points: {lost}"
+
+
+@pytest.mark.parametrize("assignment", sorted(ASSIGNMENTS))
+@pytest.mark.parametrize("run", ["jobs 1", "jobs 2", "dask"])
+def test_grades_are_the_same_however_grading_runs(runs, assignment, run):
+    everyone = runs[assignment]["jobs 4, all"]
+    graded = runs[assignment][run]
+    assert len(graded) == SUBSET + 1 + sum(load_wrong(p)["assignment"] == assignment
+                                           for p in WRONG)
+    differ = {student: (everyone[student], g) for student, g in graded.items()
+              if g != everyone[student]}
+    assert not differ, f"{assignment}, {run} differs from --jobs 4: {differ}"
