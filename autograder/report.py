@@ -42,16 +42,28 @@ def csv_row(result: SubmissionResult) -> dict:
     }
 
 
+def _key(row: dict) -> tuple:
+    return row.get("student_id", ""), row.get("assignment", ""), row.get("notebook", "")
+
+
 def write_grades_csv(results: Iterable[SubmissionResult], path: Path) -> Path:
-    """Write ``grades.csv`` (sorted by student, assignment, notebook)."""
+    """Write ``grades.csv`` (sorted by student, assignment, notebook).
+
+    Rows already in the file for other notebooks stay, as they do in the gradebook: one
+    OUT folder can hold every assignment of a course, graded one run at a time. A row for
+    a notebook graded again is replaced.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    rows = sorted((csv_row(r) for r in results),
-                  key=lambda row: (row["student_id"], row["assignment"], row["notebook"]))
+    rows = {_key(row): row for row in (csv_row(r) for r in results)}
+    if path.is_file():
+        with path.open(newline="") as handle:
+            earlier = [row for row in csv.DictReader(handle) if _key(row) not in rows]
+        rows.update((_key(row), {c: row.get(c, "") for c in CSV_COLUMNS}) for row in earlier)
     with path.open("w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=CSV_COLUMNS)
         writer.writeheader()
-        writer.writerows(rows)
+        writer.writerows(row for _, row in sorted(rows.items()))
     return path
 
 

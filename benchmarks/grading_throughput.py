@@ -202,6 +202,39 @@ def task_latency(address: str, count: int = 50) -> tuple:
     return statistics.median(to_start), statistics.median(round_trip)
 
 
+def checks_cost(course: Path, assignment: str, notebook: str, repeats: int = 20) -> tuple:
+    """Median seconds of one submission's trusted checks (the instructor's solution, every
+    split test) run in the grader's own process and in a forked process of their own."""
+    from autograder.checks import evidence_of, run_checks, run_checks_isolated
+    from autograder.execute import execute
+    from autograder.kernels import ForkServer, notebook_imports
+    from autograder.layout import Course
+    from autograder.rebuild import rebuild
+    source = Course.discover(course).source_notebooks(assignment)[notebook]
+    submitted = course / "submitted" / next(
+        p.name for p in sorted((course / "submitted").iterdir()) if p.name.endswith("_solution"))
+    import nbformat
+    nb = nbformat.read(submitted / assignment / f"{notebook}.ipynb", as_version=4)
+    rebuilt = rebuild(source.graded_view, nb, seed=12345)
+    with ForkServer(notebook_imports([source.path])) as server, \
+            tempfile.TemporaryDirectory() as folder:
+        executed = execute(rebuilt.notebook, Path(folder), fork_server=server,
+                           parameters={"autograder_device": "cpu", "autograder_profile": "quick"})
+        cells = {c.get("id"): c for c in executed.notebook.cells}
+        work = [(t.grade_id, t.checks, evidence_of(cells[t.cell_id])[0][0])
+                for t in rebuilt.tests if t.checks is not None and not t.skipped]
+        in_process, isolated = [], []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            run_checks(rebuilt.setup_code, rebuilt.seed, work)
+            in_process.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            run_checks_isolated(rebuilt.setup_code, rebuilt.seed, work, timeout=60,
+                                folder=folder, fork_server=server)
+            isolated.append(time.perf_counter() - start)
+    return len(work), statistics.median(in_process), statistics.median(isolated)
+
+
 def grades(path: Path) -> list:
     """grades.csv without what is measured rather than graded (seconds, memory)."""
     with path.open() as handle:
@@ -303,6 +336,10 @@ def main(argv=None) -> int:
                   f"({timings[dask_label] / timings[label]:.2f}x its wall time); a no-op task "
                   f"takes {latency[0] * 1e3:.1f} ms from submission to start on a worker, "
                   f"{latency[1] * 1e3:.1f} ms there and back (medians of 50)")
+        tests, shared, own = checks_cost(course, args.assignment, notebook)
+        print(f"Trusted checks of one submission ({tests} test cells): {shared * 1e3:.1f} ms in "
+              f"the grader's process, {own * 1e3:.1f} ms in a process of their own forked from "
+              f"the fork server ({(own - shared) * 1e3:+.1f} ms; medians of 20)")
         if problems:
             print(f"\nScores differ on {len(problems)} test cell(s):")
             print("\n".join(f"  {p}" for p in problems))

@@ -47,6 +47,18 @@ def test_grades_csv_has_one_row_per_submission(tmp_path):
         "1", "2", "1")
 
 
+def test_grades_csv_keeps_the_rows_of_other_notebooks(tmp_path):
+    path = tmp_path / "grades.csv"
+    write_grades_csv([result("ann"), result("zed")], path)
+    again = result("zed", status="timeout")  # graded again: its row is replaced
+    other = result("ann")
+    other.submission = Submission("ann", "a2", "nb", Path("/nowhere/ann/a2/nb.ipynb"))
+    write_grades_csv([again, other], path)
+    with path.open() as handle:
+        rows = [(r["student_id"], r["assignment"], r["status"]) for r in csv.DictReader(handle)]
+    assert rows == [("ann", "a1", "graded"), ("ann", "a2", "graded"), ("zed", "a1", "timeout")]
+
+
 def test_gradescope_format():
     data = gradescope(result())
     assert data["score"] == 2.5
