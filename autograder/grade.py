@@ -27,7 +27,7 @@ import nbformat
 from .execute import TIMEOUT_ENAME, Execution, execute
 from .judge import FAILED, MANUAL, NOT_RUN, PARTIAL, PASSED, SKIPPED, TestResult, judge
 from .kernels import ForkServer, fork_supported, notebook_imports
-from .layout import SourceNotebook, Submission, read_submission
+from .layout import SourceNotebook, Submission, read_notebook
 from .options import GradeOptions, available_cores
 from .rebuild import Rebuilt, TestCell, rebuild
 from .sandbox import Policy, python_paths, shown_paths
@@ -232,7 +232,8 @@ def _summary(result: SubmissionResult, execution: Optional[Execution], notes: Li
         parts.append(execution.message)
     elif execution is not None and _timed_out_cells(execution.notebook):
         parts.append(f"{_timed_out_cells(execution.notebook)} cell(s) ran past the "
-                     "per-cell time limit and were interrupted")
+                     "per-cell time limit and were interrupted"
+                     + ("; no points depended on them" if result.status == GRADED else ""))
     autograded = [t for t in result.tests if t.counts]
     passed = result.count(PASSED)
     parts.append(f"{result.score:g}/{result.max_score:g} points, {passed} of {len(autograded)} "
@@ -293,10 +294,11 @@ def grade_submission(submission: Submission, source: Optional[SourceNotebook],
                        "Not graded: the submission could not be read.", t.hidden)
             for t in plan.tests]
     try:
-        submitted = read_submission(submission.path)
+        submitted, repairs = read_notebook(submission.path)
         seed = test_seed(source, submission.path.read_bytes())
         rebuilt = rebuild(source.graded_view, submitted, device=options.device,
                           profile=options.profile, seed=seed)
+        rebuilt.notes[:0] = repairs
     except ValueError as error:
         return invalid(str(error), zero)
 
@@ -328,9 +330,12 @@ def grade_submission(submission: Submission, source: Optional[SourceNotebook],
     tests = judge(execution.notebook, rebuilt.tests, rebuilt.manual, stopped=execution.message,
                   checked=checked)
     stopped_by_a_limit = execution.ended in ("notebook-timeout", "unresponsive")
+    # A cell interrupted at the cell limit matters only if some test lost points.
+    costly = _timed_out_cells(execution.notebook) and any(
+        t.counts and t.score < t.max_score for t in tests)
     if execution.ended in ("memory-limit", "output-limit"):
         status = ERROR
-    elif stopped_by_a_limit or _timed_out_cells(execution.notebook):
+    elif stopped_by_a_limit or costly:
         status = TIMEOUT
     elif not execution.completed:
         status = ERROR

@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Dict, List, Optional
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 if TYPE_CHECKING:  # nbformat is imported where it is used: starting up stays quick
     import nbformat
@@ -181,25 +181,86 @@ def find_submissions(submitted: Path, assignment: str,
     return found
 
 
-def read_submission(path: Path) -> "nbformat.NotebookNode":
-    """Read a learner's notebook; ``ValueError`` with a one-line reason when it is not one."""
+SAVE_AGAIN = "open it in Jupyter, check that it shows your work, save it and submit it again"
+NOTEBOOK_FORMAT = 4  # the nbformat major version the grader reads (older ones are upgraded)
+
+
+def read_notebook(path: Path) -> Tuple["nbformat.NotebookNode", List[str]]:
+    """Read a learner's notebook, forgiving what can be forgiven.
+
+    Returns the notebook and notes on what was repaired (to tell the learner). Raises
+    ``ValueError`` with one sentence a learner understands, saying what is wrong with the
+    file and what to do, never a library's internal error.
+    """
+    import json
+
     import nbformat
     try:
         size = Path(path).stat().st_size
     except FileNotFoundError:
         raise ValueError("notebook not submitted") from None
     except OSError as error:
-        raise ValueError(f"not a readable notebook: {error.strerror}") from None
+        raise ValueError(f"the notebook could not be read ({error.strerror}); submit it "
+                         "again") from None
     if size > MAX_NOTEBOOK_BYTES:
         raise ValueError(f"the notebook is {size / 2**20:.0f} MiB; the limit is "
                          f"{MAX_NOTEBOOK_BYTES // 2**20} MiB (clear its outputs and submit again)")
     try:
-        nb = nbformat.read(str(path), as_version=4)
+        text = Path(path).read_bytes().decode("utf-8-sig")
+        data = json.loads(text)
     except FileNotFoundError:
         raise ValueError("notebook not submitted") from None
-    except Exception as error:
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise ValueError(f"not a readable notebook: {reason[:200]}") from None
-    if not isinstance(nb.get("cells"), list):
-        raise ValueError("not a readable notebook: it has no cells")
-    return nb
+    except (UnicodeDecodeError, ValueError):
+        what = "empty" if size == 0 else "not JSON text (cut short, or another kind of file)"
+        raise ValueError(f"the file is not a Jupyter notebook: it is {what}; "
+                         f"{SAVE_AGAIN}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("cells", data.get("worksheets")),
+                                                    list):
+        raise ValueError("the file is JSON but not a Jupyter notebook (it has no list of "
+                         "cells): submit the .ipynb file that Jupyter saves for your work")
+    notes: List[str] = []
+    version = data.get("nbformat")
+    if not isinstance(version, int) or isinstance(version, bool):
+        if "worksheets" in data:  # the layout of versions 1 to 3
+            raise ValueError("the notebook has no format version and an old layout "
+                             f"(worksheets); {SAVE_AGAIN}")
+        notes.append("the notebook file had no format version: it was read as version "
+                     f"{NOTEBOOK_FORMAT}")
+        data["nbformat"], version = NOTEBOOK_FORMAT, NOTEBOOK_FORMAT
+        data.setdefault("nbformat_minor", 0)
+    if version > NOTEBOOK_FORMAT:
+        raise ValueError(f"the notebook is in format version {version}, newer than the "
+                         f"version {NOTEBOOK_FORMAT} this grader reads; save it from Jupyter "
+                         f"as a version {NOTEBOOK_FORMAT} notebook and submit it again")
+    if version < NOTEBOOK_FORMAT:
+        try:
+            nb = nbformat.reads(text, as_version=NOTEBOOK_FORMAT)
+        except Exception:
+            raise ValueError(f"the notebook is in the old format version {version} and could "
+                             f"not be converted to version {NOTEBOOK_FORMAT}; {SAVE_AGAIN} "
+                             "(Jupyter saves the current version)") from None
+        notes.append(f"the notebook was in the old format version {version} and was "
+                     f"converted to version {NOTEBOOK_FORMAT}")
+        data = dict(nb)
+    if not isinstance(data.get("metadata"), dict):
+        data["metadata"] = {}
+    cells, dropped = [], 0
+    for cell in data.get("cells", []):
+        if not isinstance(cell, dict) or cell.get("cell_type") not in ("code", "markdown",
+                                                                      "raw"):
+            dropped += 1
+            continue
+        source = cell.get("source", "")
+        cell = {**cell, "source": "".join(map(str, source)) if isinstance(source, list)
+                else str(source),
+                "metadata": cell["metadata"] if isinstance(cell.get("metadata"), dict) else {}}
+        cells.append(cell)
+    if dropped:
+        notes.append(f"{dropped} damaged cell(s) of the file were left out")
+    data["cells"] = cells
+    return nbformat.from_dict(data), notes
+
+
+def read_submission(path: Path) -> "nbformat.NotebookNode":
+    """:func:`read_notebook` without the notes."""
+    return read_notebook(path)[0]

@@ -5,8 +5,15 @@ The learner owns exactly one thing in a notebook: the *source* of its solution c
 (:attr:`autograder.layout.SourceNotebook.graded_view`):
 
 * test cells and read-only cells are the instructor's, hidden tests included, whatever
-  the submission says; edited ones are restored, deleted ones put back where they
-  belong (after the cell that precedes them in the reference), duplicates dropped;
+  the submission says; edited ones are restored, deleted ones put back, duplicates
+  dropped;
+* the known cells run in the reference's order, whatever order the submission has them
+  in (a learner who moved cells neither loses nor gains points); a cell of the learner's
+  own stays right after the known cell it followed in the submission;
+* an answer cell that appears more than once (Jupyter copies a cell's metadata with
+  it) is graded in the copy the learner wrote in (the last, if several); the other
+  copies they wrote in stay where they were, as the learner's own cells, and copies that
+  still hold the released stub are left out;
 * cell metadata is the reference's for known cells and empty for the learner's own, so
   tags a learner added (``skip-execution``, ``raises-exception``, ``parameters``,
   ``injected-parameters``...) have no effect; outputs are cleared;
@@ -171,6 +178,40 @@ def _learners_own(cell):
     return _fresh(cell_type, source, {}, cell.get("attachments"))
 
 
+def _source(cell) -> str:
+    source = cell.get("source", "")
+    return "".join(source) if isinstance(source, list) else str(source)
+
+
+def _graded_copies(cells: List[dict], ref_cells: Dict[str, object],
+                   notes: List[str]) -> Dict[str, int]:
+    """For each answer id that several cells carry (Jupyter copies a cell's metadata with
+    it), the index of the copy to grade: the one the learner worked in, i.e. whose source
+    differs from the released stub; of several, the last (nbgrader keeps the last too).
+    The other copies the learner wrote in stay, as the learner's own cells; copies that
+    still hold the stub are left out (they hold nothing of the learner's, and running
+    them after the work would undo it)."""
+    copies: Dict[str, List[int]] = {}
+    for index, cell in enumerate(cells):
+        gid = grade_id_of(cell)
+        if gid in ref_cells and is_answer(ref_cells[gid]):
+            copies.setdefault(gid, []).append(index)
+    chosen = {}
+    for gid, indices in copies.items():
+        if len(indices) == 1:
+            continue
+        stub = ref_cells[gid].source.strip()
+        worked = [i for i in indices if _source(cells[i]).strip() != stub]
+        chosen[gid] = (worked or indices)[-1]
+        notes.append(f"answer cell {gid!r} appears {len(indices)} times: graded copy "
+                     f"{indices.index(chosen[gid]) + 1} of {len(indices)}"
+                     + (", the one you wrote in" if len(worked) == 1 else
+                        ", the last one you wrote in" if worked else "")
+                     + ("; the other copies ran as cells of your own" if len(worked) > 1
+                        else "; the other copies still held the given code and were left out"))
+    return chosen
+
+
 def parameters_cell(device: str = "cpu", profile: str = "quick"):
     source = ("# The run's device and profile; papermill injects the values used below this cell.\n"
               f"autograder_device = {device!r}\nautograder_profile = {profile!r}")
@@ -202,46 +243,52 @@ def rebuild(reference: nbformat.NotebookNode, submitted: nbformat.NotebookNode, 
             ref_order.append(gid)
 
     notes: List[str] = []
-    body: List[tuple] = []  # (grade_id or None, cell)
-    placed = set()
-    for cell in submitted.get("cells", []):
+    submitted_cells = [cell for cell in submitted.get("cells", []) if isinstance(cell, dict)]
+    graded_copy = _graded_copies(submitted_cells, ref_cells, notes)
+    # Each known cell once, in the assignment's order; a learner's own cell goes right
+    # after the known cell it followed in the submission (None: before all of them).
+    found: Dict[str, object] = {}
+    own_after: Dict[Optional[str], List[object]] = {}
+    previous: Optional[str] = None
+    seen_order: List[str] = []
+    for index, cell in enumerate(submitted_cells):
         gid = grade_id_of(cell)
-        if gid in ref_cells:
-            if gid in placed:
-                notes.append(f"dropped a duplicate of cell {gid!r}")
-                continue
-            placed.add(gid)
-            ref = ref_cells[gid]
-            if is_answer(ref):
-                body.append((gid, _answer(ref, cell)))
-            else:
-                if is_test(ref):
-                    given = cell.get("source", "")
-                    given = "".join(given) if isinstance(given, list) else given
-                    if given.strip() not in (visible_part(ref.source).strip(), ref.source.strip()):
-                        notes.append(f"test cell {gid!r} was edited: the original was used")
-                body.append((gid, _trusted(ref)))
-        else:
+        if gid in ref_cells and graded_copy.get(gid, index) == index and gid not in found:
+            found[gid] = cell
+            seen_order.append(gid)
+            previous = gid
+        elif gid in ref_cells and not is_answer(ref_cells[gid]):
+            notes.append(f"dropped a duplicate of cell {gid!r}")
+        elif gid in ref_cells and _source(cell).strip() == ref_cells[gid].source.strip():
+            continue  # another copy of an answer, still the released stub: nothing of theirs
+        else:  # the learner's own, or another copy of an answer they wrote in
             own = _learners_own(cell)
             if own is not None:
-                body.append((None, own))
+                own_after.setdefault(previous, []).append(own)
+    if seen_order != [gid for gid in ref_order if gid in found]:
+        notes.append("the cells were not in the assignment's order: its order was restored "
+                     "(cells of your own stay after the cell they followed)")
 
-    # Put back every reference cell the submission lacks, after its predecessor.
-    for index, gid in enumerate(ref_order):
-        if gid in placed:
-            continue
+    body: List[tuple] = [(None, own) for own in own_after.get(None, [])]  # (grade_id, cell)
+    for gid in ref_order:
         ref = ref_cells[gid]
-        if is_test(ref):
-            notes.append(f"test cell {gid!r} was missing: the original was put back")
+        cell = found.get(gid)
+        if cell is None:
+            if is_test(ref):
+                notes.append(f"test cell {gid!r} was missing: the original was put back")
+            elif is_answer(ref):
+                notes.append(f"answer cell {gid!r} was missing: graded as unanswered")
+            body.append((gid, _trusted(ref)))
         elif is_answer(ref):
-            notes.append(f"answer cell {gid!r} was missing: graded as unanswered")
-        position = 0
-        for previous in reversed(ref_order[:index]):
-            if previous in placed:
-                position = next(i for i, (g, _) in enumerate(body) if g == previous) + 1
-                break
-        body.insert(position, (gid, _trusted(ref)))
-        placed.add(gid)
+            body.append((gid, _answer(ref, cell)))
+        else:
+            if is_test(ref):
+                given = cell.get("source", "")
+                given = "".join(given) if isinstance(given, list) else given
+                if given.strip() not in (visible_part(ref.source).strip(), ref.source.strip()):
+                    notes.append(f"test cell {gid!r} was edited: the original was used")
+            body.append((gid, _trusted(ref)))
+        body.extend((None, own) for own in own_after.get(gid, []))
 
     cells = [parameters_cell(device, profile), _fresh("code", SETUP_SOURCE, {})]
     cells[0]["id"], cells[1]["id"] = "autograder-parameters", "autograder-setup"

@@ -90,14 +90,66 @@ def test_learner_added_cells_are_kept_without_metadata(reference):
     assert len(mine) == 1 and dict(mine[0].metadata) == {}
 
 
-def test_duplicate_cells_are_dropped(reference):
+def test_duplicate_test_cells_are_dropped(reference):
+    nb = answered()
+    test = next(c for c in nb.cells if grade_id_of(c) == "test_mean")
+    twin = copy.deepcopy(test)
+    twin.source = "pass"
+    nb.cells.append(twin)
+    rebuilt = rebuild(reference, nb)
+    assert sum(grade_id_of(c) == "test_mean" for c in rebuilt.notebook.cells) == 1
+    assert "pass" not in [c.source for c in rebuilt.notebook.cells]
+    assert any("dropped a duplicate of cell 'test_mean'" in note for note in rebuilt.notes)
+
+
+@pytest.mark.parametrize("worked_in", [0, 1])
+def test_a_copied_answer_cell_is_graded_where_the_learner_wrote(reference, worked_in):
+    nb = answered()
+    first = cell(nb, "mean")
+    stub = cell(reference, "mean").source
+    twin = copy.deepcopy(first)
+    nb.cells.insert(nb.cells.index(first) + 1, twin)
+    (twin if worked_in == 0 else first).source = stub  # the other copy holds the work
+    rebuilt = rebuild(reference, nb)
+    graded = [c for c in rebuilt.notebook.cells if grade_id_of(c) == "mean"]
+    assert [c.source for c in graded] == [GOOD_MEAN]
+    # the copy still holding the stub is left out: run after the work, it would undo it
+    assert stub not in [c.source for c in rebuilt.notebook.cells]
+    assert any(f"graded copy {worked_in + 1} of 2, the one you wrote in" in note
+               for note in rebuilt.notes), rebuilt.notes
+
+
+def test_of_several_worked_copies_the_last_is_graded(reference):
     nb = answered()
     twin = copy.deepcopy(cell(nb, "mean"))
     twin.source = "def mean(values):\n    return 0"
     nb.cells.append(twin)
     rebuilt = rebuild(reference, nb)
-    assert cell(rebuilt.notebook, "mean").source == GOOD_MEAN
-    assert any("duplicate" in note for note in rebuilt.notes)
+    assert cell(rebuilt.notebook, "mean").source == twin.source
+    assert GOOD_MEAN in [c.source for c in rebuilt.notebook.cells if grade_id_of(c) is None]
+
+
+def test_the_assignments_order_is_restored(reference):
+    nb = answered()
+    mine = nbformat.v4.new_code_cell("HELPER = 1")
+    at = nb.cells.index(cell(nb, "mean"))
+    nb.cells.insert(at + 1, mine)
+    nb.cells.reverse()  # the helper now comes right *before* the mean answer...
+    rebuilt = rebuild(reference, nb)
+    known = [grade_id_of(c) for c in rebuilt.notebook.cells if grade_id_of(c)]
+    assert known == [grade_id_of(c) for c in reference.cells if grade_id_of(c)]
+    # ...and stays among the cells right after the known cell it followed in the submission
+    followed = [grade_id_of(c) for c in nb.cells[:nb.cells.index(mine)] if grade_id_of(c)][-1]
+    cells = rebuilt.notebook.cells
+    at = next(i for i, c in enumerate(cells) if grade_id_of(c) == followed)
+    after = []
+    for c in cells[at + 1:]:
+        if grade_id_of(c):
+            break
+        after.append(c.source)
+    assert "HELPER = 1" in after
+    assert any("not in the assignment's order" in note for note in rebuilt.notes)
+    assert not any("order" in note for note in rebuild(reference, answered()).notes)
 
 
 def test_parameters_then_setup_come_first(reference):

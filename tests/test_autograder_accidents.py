@@ -1,0 +1,69 @@
+"""Fair grades for honest accidents, and no gain from nbgrader's tampering kinds (tests/accidents.py).
+
+Each assignment's cases are handed in together and graded with the README's command: every
+file gets a row; a copied answer cell solved in either copy, and a solved notebook in any
+order, get full marks and a message that says what the grader did; no tampering earns more
+than the blank release; a broken file gets an ``invalid`` row whose message says in one
+sentence what is wrong, never a library's internal error.
+"""
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.accidents import ACCIDENTS, write
+from tests.assignments import ASSIGNMENTS, ROOT
+
+pytestmark = pytest.mark.integration
+
+CELL_TIMEOUT = 20  # seconds: the never-ending extra cell is stopped after this
+INTERNAL = ("Traceback", "local variable", "object has no attribute", "KeyError", "Unsupported",
+            "codec", "Expecting value", "NBFormatError")
+
+
+@pytest.fixture(scope="module")
+def rows(tmp_path_factory):
+    found = {}
+    for assignment, notebook in ASSIGNMENTS.items():
+        base = tmp_path_factory.mktemp(assignment)
+        for accident in ACCIDENTS:
+            write(accident, assignment, base / "submitted" / accident.name / assignment
+                  / f"{notebook}.ipynb")
+        done = subprocess.run(
+            [sys.executable, "-m", "autograder", "grade", "submitted", "--assignment", assignment,
+             "--out", "graded", "--course", str(ROOT), "--device", "cpu", "--no-progress",
+             "--cell-timeout", str(CELL_TIMEOUT)],
+            cwd=base, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True,
+            timeout=1200)
+        assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+        with (base / "graded" / "grades.csv").open() as handle:
+            found[assignment] = {row["student_id"]: row for row in csv.DictReader(handle)}
+    return found
+
+
+@pytest.mark.parametrize("assignment", sorted(ASSIGNMENTS))
+@pytest.mark.parametrize("accident", ACCIDENTS, ids=[a.name for a in ACCIDENTS])
+def test_the_grade_is_fair(rows, assignment, accident):
+    row = rows[assignment][accident.name]
+    solved, blank = rows[assignment]["solved"], rows[assignment]["blank"]
+    assert float(solved["score"]) == float(solved["max_score"]) > 0, solved
+    assert float(blank["score"]) == 0, blank
+    target = solved if accident.expect == "full" else blank
+    if accident.expect == "full":
+        assert (row["score"], row["max_score"]) == (target["score"], target["max_score"]), row
+    else:  # tampering earns no more than the blank release, out of the same maximum
+        assert float(row["score"]) <= float(blank["score"]), row
+        if accident.status == "graded":
+            assert row["max_score"] == blank["max_score"], row
+    assert row["status"] == accident.status, row
+    assert accident.says in row["message"], row["message"]
+    assert not any(word in row["message"] for word in INTERNAL), row["message"]
+
+
+def test_every_file_gets_a_row(rows):
+    for assignment, found in rows.items():
+        assert sorted(found) == sorted(a.name for a in ACCIDENTS), assignment
