@@ -128,10 +128,9 @@ CASES = [
          transform=_old_format, allreduce=None, expect=0.0),
     Case("broken_empty", "a notebook without cells", raw=nbformat.writes(nbformat.v4.new_notebook()),
          expect=0.0),
-    # Graded in the learner's order, as Jupyter and nbgrader run it: the split_batch tests now
-    # come before split_batch is defined and fail; the allreduce tests (6 points) pass.
+    # Graded in the assignment's order, whatever order the learner left the cells in.
     Case("broken_reordered", "answer cells swapped", transform=_reorder, allreduce=None,
-         expect=6.0),
+         expect="full"),
     Case("broken_metadata_stripped", "all cell metadata stripped: nothing to match the answers by",
          transform=_strip_metadata, allreduce=None, expect=0.0),
     Case("broken_huge", "a 25 MiB notebook", transform=_huge, expect=0.0, status="invalid"),

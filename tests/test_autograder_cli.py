@@ -71,7 +71,7 @@ def test_messages_say_why(graded):
     found = rows(graded)
     assert "kernel died" in found["crashes"]["message"]
     assert "time limit" in found["loops"]["message"]
-    assert "not a readable notebook" in found["broken"]["message"]
+    assert "is not a Jupyter notebook" in found["broken"]["message"]
     assert "not submitted" in found["absent"]["message"]
     assert "skipped on the CPU" in found["correct"]["message"]
 

@@ -76,7 +76,7 @@ def test_unreadable_or_missing_notebooks_are_invalid(tmp_path, sources):
     results = [grade_submission(s, sources.get(s.notebook), OPTIONS) for s in subs]
     assert [(r.submission.student_id, r.status) for r in results] == [
         ("ann", INVALID), ("bob", INVALID), ("cat", INVALID), ("cat", INVALID)]
-    assert "not a readable notebook" in results[0].message
+    assert "is not a Jupyter notebook" in results[0].message
     assert "not submitted" in results[1].message
     assert results[0].max_score == CPU_MAX_SCORE and results[0].score == 0
     assert "no notebook 'surprise'" in results[3].message

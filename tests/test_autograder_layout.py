@@ -83,6 +83,6 @@ def test_read_submission_explains_what_is_wrong(tmp_path):
         read_submission(tmp_path / "missing.ipynb")
     bad = tmp_path / "bad.ipynb"
     bad.write_text("{not json")
-    with pytest.raises(ValueError, match="not a readable notebook"):
+    with pytest.raises(ValueError, match="is not a Jupyter notebook"):
         read_submission(bad)
     assert read_submission(RELEASE).cells
