@@ -3,9 +3,10 @@
 For each assignment, every case of ``tests.accidents.ACCIDENTS`` is handed in by a student of
 its own in a scratch copy of the course, then graded twice, in one run:
 
-    nbgrader autograde ASSIGNMENT --student CASE --force    (once per case: a case that makes
-                                                             nbgrader abort takes only itself)
-    python -m autograder grade submitted --assignment ASSIGNMENT --out graded --gradebook
+    nbgrader autograde ASSIGNMENT --student CASE --force --Execute.timeout=20
+        (once per case: a case that makes nbgrader abort takes only itself)
+    python -m autograder grade submitted --assignment ASSIGNMENT --out graded --gradebook \
+        --cell-timeout 20
 
 It prints, per case and assignment, what each grader gave (score out of the maximum, or how
 it failed) and the wall times; a case nbgrader aborted on is marked ``aborted``. A whole
@@ -30,6 +31,9 @@ sys.path.insert(0, str(ROOT))
 
 from tests.accidents import ACCIDENTS, write  # noqa: E402
 from tests.assignments import ASSIGNMENTS  # noqa: E402
+
+
+CELL_TIMEOUT = 20  # seconds per cell, for both graders (the course's nbgrader_config says 300)
 
 
 def env() -> dict:
@@ -78,7 +82,7 @@ def main(argv=None) -> int:
             start = time.perf_counter()
             for accident in ACCIDENTS:
                 done = command(["nbgrader", "autograde", assignment, "--student", accident.name,
-                                "--force"], course)
+                                "--force", f"--Execute.timeout={CELL_TIMEOUT}"], course)
                 if done.returncode:
                     last = [line for line in done.stderr.splitlines() if line.strip()]
                     aborted[accident.name] = last[-1][:90] if last else f"exit {done.returncode}"
@@ -87,6 +91,7 @@ def main(argv=None) -> int:
             start = time.perf_counter()
             done = command(["autograder", "grade", "submitted", "--assignment", assignment,
                             "--out", "graded", "--device", "cpu", "--no-progress",
+                            "--cell-timeout", str(CELL_TIMEOUT),
                             "--gradebook", f"sqlite:///{base / 'autograder.db'}"], course)
             times["python -m autograder"] += time.perf_counter() - start
             if done.returncode:

@@ -44,6 +44,8 @@ def _copy_answers(solution_in: int):
         for cell in list(answer_cells(nb).values()):
             stub = copy.deepcopy(cell)
             stub.source = stub.metadata["released_stub"]
+            if "id" in cell:  # Jupyter gives a pasted cell an id of its own
+                stub["id"] = f"{cell['id']}-copy"[:64]
             first, second = (cell, stub) if solution_in == 0 else (stub, cell)
             at = nb.cells.index(cell)
             nb.cells[at:at + 1] = [first, second]

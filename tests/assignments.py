@@ -77,3 +77,21 @@ def submission(assignment: str, answers: dict):
             code = SOLUTION.sub("", solved[grade_id].source)
         cell.source = code.strip("\n")
     return nb
+
+
+def wrong_submissions(assignment: str) -> dict:
+    """student -> the release with that wrong case's answers typed in (tests/wrong_submissions)."""
+    found = {}
+    for path in WRONG:
+        case = load_wrong(path)
+        if case["assignment"] == assignment:
+            found[case["student"]] = submission(assignment, case["answers"])
+    return found
+
+
+def hand_in(submitted: Path, assignment: str, notebooks: dict) -> None:
+    """Write SUBMITTED/<student>/<assignment>/<notebook>.ipynb for each student's notebook."""
+    for student, nb in notebooks.items():
+        folder = submitted / student / assignment
+        folder.mkdir(parents=True)
+        nbformat.write(nb, str(folder / f"{ASSIGNMENTS[assignment]}.ipynb"))

@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from tests.assignments import (ASSIGNMENTS, EXERCISES, ROOT, SOLUTIONS, WRONG, expected_losses,
-                               load_wrong, submission)
+                               hand_in, load_wrong, wrong_submissions)
 
 CUDA = torch.cuda.is_available()
 
@@ -48,14 +48,8 @@ def graded(tmp_path_factory):
                                            as_version=4),
                  "unedited": nbformat.read(str(EXERCISES / assignment / f"{notebook}.ipynb"),
                                            as_version=4)}
-        for path in WRONG:
-            case = wrong_case(path)
-            if case["assignment"] == assignment:
-                cases[case["student"]] = submission(assignment, case["answers"])
-        for student, nb in cases.items():
-            folder = submitted / student / assignment
-            folder.mkdir(parents=True)
-            nbformat.write(nb, str(folder / f"{notebook}.ipynb"))
+        cases.update(wrong_submissions(assignment))
+        hand_in(submitted, assignment, cases)
         out, db = base / assignment / "out", base / assignment / "gradebook.db"
         done = subprocess.run(
             [sys.executable, "-m", "autograder", "grade", str(submitted),

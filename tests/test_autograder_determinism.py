@@ -19,7 +19,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from tests.assignments import ASSIGNMENTS, EXERCISES, ROOT, WRONG, load_wrong, submission
+from tests.assignments import (ASSIGNMENTS, EXERCISES, ROOT, WRONG, hand_in, load_wrong,
+                               submission, wrong_submissions)
 from tests.dask_cluster import CLUSTER_ENV, cluster  # noqa: F401 - cluster: a fixture
 
 pytestmark = pytest.mark.integration
@@ -28,20 +29,14 @@ COPIES, SUBSET = 20, 4
 COMPARED = ("score", "max_score", "status", "message")
 
 
-def hand_in(folder: Path, assignment: str, copies: int) -> None:
-    """SUBMITTED/<student>/<assignment>/<notebook>.ipynb for the copies and the other cases."""
+def hand_in_cases(folder: Path, assignment: str, copies: int) -> None:
+    """The reference copies, the unedited release and the wrong submissions, handed in."""
     notebook = ASSIGNMENTS[assignment]
     cases = {f"reference_{n:02d}": submission(assignment, {}) for n in range(copies)}
     cases["unedited"] = nbformat.read(str(EXERCISES / assignment / f"{notebook}.ipynb"),
                                       as_version=4)
-    for path in WRONG:
-        case = load_wrong(path)
-        if case["assignment"] == assignment:
-            cases[case["student"]] = submission(assignment, case["answers"])
-    for student, nb in cases.items():
-        target = folder / student / assignment
-        target.mkdir(parents=True)
-        nbformat.write(nb, str(target / f"{notebook}.ipynb"))
+    cases.update(wrong_submissions(assignment))
+    hand_in(folder, assignment, cases)
 
 
 def grade(submitted: Path, assignment: str, out: Path, *options: str) -> dict:
@@ -69,8 +64,8 @@ def runs(tmp_path_factory, cluster):  # noqa: F811 - the fixture imported above
     for assignment in ASSIGNMENTS:
         base = tmp_path_factory.mktemp(assignment)
         everyone, subset = base / "all", base / "subset"
-        hand_in(everyone, assignment, COPIES)
-        hand_in(subset, assignment, SUBSET)
+        hand_in_cases(everyone, assignment, COPIES)
+        hand_in_cases(subset, assignment, SUBSET)
         found[assignment] = {
             "jobs 4, all": grade(everyone, assignment, base / "out-4", "--jobs", "4"),
             "jobs 1": grade(subset, assignment, base / "out-1", "--jobs", "1"),

@@ -28,9 +28,9 @@ from autograder.check import check, has_code
 from autograder.grade import resolve_device
 from autograder.kernels import ForkServer, notebook_imports
 from autograder.options import GradeOptions
-from tests.assignments import (ASSIGNMENTS, HIDDEN, ROOT, SOLUTIONS, WRONG, grade_cells,
-                               load_wrong, nbgrader_meta, release_notebook, solution_notebook,
-                               submission)
+from tests.assignments import (ASSIGNMENTS, HIDDEN, ROOT, SOLUTIONS, grade_cells, hand_in,
+                               nbgrader_meta, release_notebook, solution_notebook, submission,
+                               wrong_submissions)
 
 pytestmark = pytest.mark.integration
 
@@ -59,12 +59,7 @@ def visible_points(assignment: str) -> float:
 
 def cases(assignment: str) -> dict:
     """student -> the released notebook with that student's answers typed in."""
-    found = {"solved": submission(assignment, {})}
-    for path in WRONG:
-        case = load_wrong(path)
-        if case["assignment"] == assignment:
-            found[case["student"]] = submission(assignment, case["answers"])
-    return found
+    return {"solved": submission(assignment, {}), **wrong_submissions(assignment)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -92,10 +87,7 @@ def checked_and_graded(tmp_path_factory):
     for assignment, notebook in ASSIGNMENTS.items():
         base = tmp_path_factory.mktemp(assignment)
         submitted = base / "submitted"
-        for student, nb in cases(assignment).items():
-            folder = submitted / student / assignment
-            folder.mkdir(parents=True)
-            nbformat.write(nb, str(folder / f"{notebook}.ipynb"))
+        hand_in(submitted, assignment, cases(assignment))
         ok(run("autograder", "grade", str(submitted), "--assignment", assignment,
                "--out", str(base / "out"), "--device", device, "--no-progress"))
         found[assignment] = {}
@@ -154,10 +146,7 @@ def instructor_run(tmp_path_factory):
         students = {"carol": released}  # handed in the release as it came
         students.update(("alice" if name == "solved" else f"bob_{name}", nb)
                         for name, nb in cases(assignment).items())
-        for student, nb in students.items():
-            folder = course / "submitted" / student / assignment
-            folder.mkdir(parents=True)
-            nbformat.write(nb, str(folder / f"{notebook}.ipynb"))
+        hand_in(course / "submitted", assignment, students)
         ok(run("autograder", "grade", "submitted", "--assignment", assignment, "--out", "graded",
                "--gradebook", "--no-progress", cwd=course))
         ok(run("nbgrader", "generate_feedback", assignment,
