@@ -170,7 +170,7 @@ def trusted_checks(rebuilt: Rebuilt, executed: nbformat.NotebookNode, options: G
         return {}
     return run_checks_isolated(rebuilt.setup_code, rebuilt.seed, work,
                                timeout=options.checks_timeout, folder=str(run_dir()),
-                               fork_server=fork_server if options.kernel == "fork" else None)
+                               fork_server=fork_server)
 
 
 def test_seed(source: SourceNotebook, submission_bytes: bytes) -> int:
