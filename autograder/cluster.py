@@ -68,12 +68,17 @@ class FilesDiffer(RuntimeError):
 # --------------------------------------------------------------------------------------
 
 def file_digest(path: Path) -> Optional[str]:
-    """SHA-256 of a file's bytes; None when there is no such file."""
+    """SHA-256 of a file's bytes; None when there is no such regular file (a link or a
+    pipe is not followed or read: a submission is data, never a path to follow)."""
+    import stat
     try:
-        with open(path, "rb") as handle:
-            return hashlib.file_digest(handle, "sha256").hexdigest()
-    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
         return None
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+            return None
+        return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 def _tree_digest(base: Path, paths: List[Path]) -> str:

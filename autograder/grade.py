@@ -27,7 +27,7 @@ import nbformat
 from .execute import TIMEOUT_ENAME, Execution, execute
 from .judge import FAILED, MANUAL, NOT_RUN, PARTIAL, PASSED, SKIPPED, TestResult, judge
 from .kernels import ForkServer, fork_supported, notebook_imports
-from .layout import SourceNotebook, Submission, read_notebook
+from .layout import SourceNotebook, Submission, notebook_from_bytes, submitted_bytes
 from .options import GradeOptions, available_cores
 from .rebuild import Rebuilt, TestCell, rebuild
 from .sandbox import Policy, python_paths, shown_paths
@@ -294,8 +294,9 @@ def grade_submission(submission: Submission, source: Optional[SourceNotebook],
                        "Not graded: the submission could not be read.", t.hidden)
             for t in plan.tests]
     try:
-        submitted, repairs = read_notebook(submission.path)
-        seed = test_seed(source, submission.path.read_bytes())
+        raw = submitted_bytes(submission.path, submission.root)
+        submitted, repairs = notebook_from_bytes(raw)
+        seed = test_seed(source, raw)
         rebuilt = rebuild(source.graded_view, submitted, device=options.device,
                           profile=options.profile, seed=seed)
         rebuilt.notes[:0] = repairs

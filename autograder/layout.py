@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import copy
 import functools
+import os
 import re
+import stat
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -33,6 +35,7 @@ class Submission:
     assignment: str
     notebook: str          # the notebook's name without .ipynb, as nbgrader names it
     path: Path             # SUBMITTED/<student_id>/<assignment>/<notebook>.ipynb
+    root: Optional[Path] = None  # SUBMITTED: nothing whose real path lies outside is read
 
     @property
     def folder(self) -> Path:
@@ -177,7 +180,8 @@ def find_submissions(submitted: Path, assignment: str,
         names = {p.stem for p in folder.glob("*.ipynb") if not IGNORED.match(p.name)}
         names.update(notebooks or [])
         for name in sorted(names):
-            found.append(Submission(student_dir.name, assignment, name, folder / f"{name}.ipynb"))
+            found.append(Submission(student_dir.name, assignment, name, folder / f"{name}.ipynb",
+                                    root=submitted))
     return found
 
 
@@ -185,8 +189,53 @@ SAVE_AGAIN = "open it in Jupyter, check that it shows your work, save it and sub
 NOTEBOOK_FORMAT = 4  # the nbformat major version the grader reads (older ones are upgraded)
 
 
+KINDS = ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a named pipe"),
+         (stat.S_ISDIR, "a folder"), (stat.S_ISSOCK, "a socket"),
+         (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device"))
+
+
+def submitted_bytes(path: Path, root: Optional[Path] = None) -> bytes:
+    """The bytes of a submitted file, read as data: never through a link, never from a
+    pipe or a device (which could block the grader), never from outside ``root``.
+    ``ValueError`` with one sentence for the learner when it cannot be read."""
+    path = Path(path)
+    if root is not None and not os.path.realpath(path.parent).startswith(
+            os.path.realpath(root).rstrip(os.sep) + os.sep):
+        raise ValueError("the submission's folder is a link to somewhere outside the "
+                         "submissions: submit the notebook file itself")
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        raise ValueError("notebook not submitted") from None
+    except OSError as error:
+        raise ValueError(f"the notebook could not be read ({error.strerror}); submit it "
+                         "again") from None
+    for test, kind in KINDS:
+        if test(info.st_mode):
+            raise ValueError(f"the notebook is {kind}, not a file: submit the notebook "
+                             "file itself")
+    if info.st_size > MAX_NOTEBOOK_BYTES:
+        raise ValueError(f"the notebook is {info.st_size / 2**20:.0f} MiB; the limit is "
+                         f"{MAX_NOTEBOOK_BYTES // 2**20} MiB (clear its outputs and submit again)")
+    try:  # O_NOFOLLOW and O_NONBLOCK: swapped for a link or a pipe since the lstat, it fails
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as error:
+        raise ValueError(f"the notebook could not be read ({error.strerror}); submit the "
+                         "notebook file itself") from None
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+            raise ValueError("the notebook is not a regular file: submit the notebook file "
+                             "itself")
+        return handle.read(MAX_NOTEBOOK_BYTES + 1)
+
+
 def read_notebook(path: Path) -> Tuple["nbformat.NotebookNode", List[str]]:
-    """Read a learner's notebook, forgiving what can be forgiven.
+    """:func:`notebook_from_bytes` of :func:`submitted_bytes` (no ``root`` check)."""
+    return notebook_from_bytes(submitted_bytes(path))
+
+
+def notebook_from_bytes(raw: bytes) -> Tuple["nbformat.NotebookNode", List[str]]:
+    """A learner's notebook from the file's bytes, forgiving what can be forgiven.
 
     Returns the notebook and notes on what was repaired (to tell the learner). Raises
     ``ValueError`` with one sentence a learner understands, saying what is wrong with the
@@ -195,23 +244,14 @@ def read_notebook(path: Path) -> Tuple["nbformat.NotebookNode", List[str]]:
     import json
 
     import nbformat
+    if len(raw) > MAX_NOTEBOOK_BYTES:
+        raise ValueError(f"the notebook is over {MAX_NOTEBOOK_BYTES // 2**20} MiB, the limit "
+                         "(clear its outputs and submit again)")
     try:
-        size = Path(path).stat().st_size
-    except FileNotFoundError:
-        raise ValueError("notebook not submitted") from None
-    except OSError as error:
-        raise ValueError(f"the notebook could not be read ({error.strerror}); submit it "
-                         "again") from None
-    if size > MAX_NOTEBOOK_BYTES:
-        raise ValueError(f"the notebook is {size / 2**20:.0f} MiB; the limit is "
-                         f"{MAX_NOTEBOOK_BYTES // 2**20} MiB (clear its outputs and submit again)")
-    try:
-        text = Path(path).read_bytes().decode("utf-8-sig")
+        text = raw.decode("utf-8-sig")
         data = json.loads(text)
-    except FileNotFoundError:
-        raise ValueError("notebook not submitted") from None
     except (UnicodeDecodeError, ValueError):
-        what = "empty" if size == 0 else "not JSON text (cut short, or another kind of file)"
+        what = "empty" if not raw else "not JSON text (cut short, or another kind of file)"
         raise ValueError(f"the file is not a Jupyter notebook: it is {what}; "
                          f"{SAVE_AGAIN}") from None
     if not isinstance(data, dict) or not isinstance(data.get("cells", data.get("worksheets")),

@@ -28,12 +28,22 @@ CSV_COLUMNS = ("student_id", "assignment", "notebook", "score", "max_score", "st
                "seconds", "device")
 
 
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def cell_text(value: str) -> str:
+    """A CSV cell no spreadsheet evaluates: text that starts like a formula gets a leading
+    apostrophe (OWASP's advice against CSV injection), e.g. a student folder named ``=1+1``."""
+    return "'" + value if value.startswith(FORMULA_STARTS) else value
+
+
 def csv_row(result: SubmissionResult) -> dict:
     sub = result.submission
     return {
-        "student_id": sub.student_id, "assignment": sub.assignment, "notebook": sub.notebook,
+        "student_id": cell_text(sub.student_id), "assignment": cell_text(sub.assignment),
+        "notebook": cell_text(sub.notebook),
         "score": f"{result.score:g}", "max_score": f"{result.max_score:g}",
-        "status": result.status, "message": " ".join(result.message.split()),
+        "status": result.status, "message": cell_text(" ".join(result.message.split())),
         "tests_passed": result.count(PASSED),
         "tests_failed": result.count(FAILED, PARTIAL, NOT_RUN),
         "tests_skipped": result.count(SKIPPED),

@@ -59,6 +59,13 @@ def test_grades_csv_keeps_the_rows_of_other_notebooks(tmp_path):
     assert rows == [("ann", "a1", "graded"), ("ann", "a2", "graded"), ("zed", "a1", "timeout")]
 
 
+def test_csv_cells_never_start_like_a_formula():
+    from autograder.report import cell_text
+    for text in ("=1+1", "+1", "-1", "@SUM(A1)", "\tx", "\rx"):
+        assert cell_text(text) == "'" + text
+    assert cell_text("ann") == "ann" and cell_text("") == ""
+
+
 def test_gradescope_format():
     data = gradescope(result())
     assert data["score"] == 2.5
