@@ -569,6 +569,11 @@ def manager_class(launch: KernelLaunch):
         def __init__(self, **kwargs):
             super().__init__(**kwargs)
             self.client_factory = _quick_client_class()
+            if launch.sandbox:
+                # Unix sockets in the kernel's working directory: they reach a kernel in a
+                # network namespace of its own (see sandbox._confine_network); TCP would not.
+                self.transport = "ipc"
+                self.ip = str(Path(launch.cwd) / "kernel")
 
         async def _async_wait(self, pollinterval: float = 0.01) -> None:
             # After a kill, look every 10 ms (not 100 ms) whether the kernel has gone.

@@ -42,7 +42,8 @@ GiB = 1024 ** 3
 MiB = 1024 ** 2
 
 # mount(2) and unshare(2) flags (linux/fs.h, linux/sched.h)
-CLONE_NEWNS = 0x00020000
+CLONE_NEWNS, CLONE_NEWNET = 0x00020000, 0x40000000
+SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
 PR_SET_NO_NEW_PRIVS, PR_CAPBSET_DROP = 38, 24
@@ -195,6 +196,25 @@ def _confine_filesystem(policy: Policy) -> None:
     os.chdir(workdir)  # onto the new (writable) mount, not the one now underneath it
 
 
+def _confine_network() -> None:
+    """A network namespace of the kernel's own: nothing reachable but its own loopback.
+
+    The kernel talks to the grader over Unix sockets in its working directory (Jupyter's
+    ``ipc`` transport, see :mod:`.kernels`), which a network namespace does not cut. Native
+    code (libc's ``connect``, pyzmq, ``torch.distributed``) raises no audit event, so this,
+    not the audit hook, is what keeps a submission off the grader's loopback (a Dask
+    scheduler, a database) and off every other network.
+    """
+    import fcntl
+    import socket
+    import struct
+    _check(_libc().unshare(CLONE_NEWNET), "unshare(CLONE_NEWNET)")
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:  # bring `lo` up
+        request = struct.pack("16sh22x", b"lo", 0)  # struct ifreq: a name, then flags
+        flags = struct.unpack("16sh22x", fcntl.ioctl(probe, SIOCGIFFLAGS, request))[1]
+        fcntl.ioctl(probe, SIOCSIFFLAGS, struct.pack("16sh22x", b"lo", flags | IFF_UP))
+
+
 def _drop_capabilities() -> None:
     """Give up every capability, for good (root stays uid 0 but without its powers)."""
     libc = _libc()
@@ -251,6 +271,10 @@ def confine(policy: Policy) -> List[str]:
             _confine_filesystem(policy)
         except OSError as error:
             notes.append(f"no private file system view ({error.strerror or error})")
+        try:
+            _confine_network()
+        except OSError as error:
+            notes.append(f"no private network ({error.strerror or error})")
     _set_limits(policy)
     if sys.platform.startswith("linux"):
         try:

@@ -234,4 +234,22 @@ CASES = [
                "ctypes.CDLL(None).kill(os.getppid(), 9)"),
     Case("cheat_raise_limits", "lifting its own resource limits",
          trick="import resource\nresource.setrlimit(resource.RLIMIT_DATA, (-1, -1))"),
+    # --- native code on the network: {port} is a listener the test opens on 127.0.0.1 ---------
+    Case("net_pyzmq_stream", "a pyzmq STREAM socket to the grader's loopback (no audit event)",
+         trick="import time, zmq\nstream = zmq.Context().socket(zmq.STREAM)\n"
+               "stream.connect('tcp://127.0.0.1:{port}')\ntime.sleep(2)"),
+    Case("net_tcp_store", "torch.distributed's TCPStore as a client of the grader's loopback",
+         trick="import datetime\nimport torch.distributed as dist\ntry:\n"
+               "    dist.TCPStore('127.0.0.1', {port}, 2, False,\n"
+               "                  timeout=datetime.timedelta(seconds=3))\n"
+               "except Exception:\n    pass"),
+    Case("net_libc_connect", "libc's connect() through ctypes, compiled under a library's name",
+         trick="import sysconfig\n"
+               "code = ('import ctypes, socket, struct\\n'\n"
+               "        'libc = ctypes.CDLL(None)\\n'\n"
+               "        'fd = libc.socket(2, 1, 0)\\n'\n"
+               "        'address = struct.pack(\"=H\", 2) + struct.pack(\"!H\", {port})'\n"
+               "        ' + socket.inet_aton(\"127.0.0.1\") + bytes(8)\\n'\n"
+               "        'libc.connect(fd, address, len(address))\\n')\n"
+               "exec(compile(code, sysconfig.get_paths()['purelib'] + '/innocent.py', 'exec'))"),
 ]

@@ -24,8 +24,8 @@ from autograder.cluster import grade_on_cluster, grade_task
 from autograder.execute import Limits
 from autograder.grade import ERROR, GRADED, GradeOptions, SubmissionResult
 from autograder.layout import Course, find_submissions
-from tests.autograder_fixtures.submissions import (COURSE, CPU_MAX_SCORE, answered, graded_cases,
-                                                   write)
+from tests.autograder_fixtures.submissions import (COURSE, CPU_MAX_SCORE, GOOD_SQUARES, answered,
+                                                   graded_cases, write)
 from tests.dask_cluster import CLUSTER_ENV, cluster, dask, stop  # noqa: F401 - cluster: a fixture
 
 distributed = pytest.importorskip("distributed")
@@ -134,6 +134,35 @@ def test_a_worker_killed_mid_run_loses_no_submission(cluster, tmp_path):
     assert [(r.status, r.score, r.max_score) for r in results] == [
         (GRADED, CPU_MAX_SCORE, CPU_MAX_SCORE)] * 3, [r.message for r in results]
     cluster.client.wait_for_workers(2, timeout=120)  # the nanny started another
+
+
+NATIVE_CONNECT = """
+import sysconfig
+code = ('import ctypes, socket, struct\\n'
+        'libc = ctypes.CDLL(None)\\n'
+        'fd = libc.socket(2, 1, 0)\\n'
+        'address = struct.pack("=H", 2) + struct.pack("!H", {port}) + socket.inet_aton("{host}")'
+        ' + bytes(8)\\n'
+        'print("connect returned", libc.connect(fd, address, len(address)))\\n')
+exec(compile(code, sysconfig.get_paths()['purelib'] + '/innocent.py', 'exec'))
+"""
+
+
+@pytest.mark.integration
+def test_a_kernel_on_a_worker_cannot_reach_the_scheduler(cluster, tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("network namespaces need root here (see the README's threat model)")
+    host, port = cluster.address.removeprefix("tcp://").rsplit(":", 1)
+    # The good answer, after libc's connect() to the scheduler (no audit event)
+    write(tmp_path, "probe", answered(
+        squares=NATIVE_CONNECT.format(host=host, port=port) + GOOD_SQUARES))
+    submissions = find_submissions(tmp_path, "demo", notebooks=["demo"])
+    sources = Course.discover(COURSE).source_notebooks("demo")
+    [result] = grade_on_cluster(submissions, sources, OPTIONS, cluster.address)
+    printed = [output.get("text", "") for cell in result.executed.cells
+               for output in cell.get("outputs", []) if output.get("output_type") == "stream"]
+    assert any("connect returned -1" in text for text in printed), printed
+    assert (result.status, result.score) == (GRADED, CPU_MAX_SCORE), result.message
 
 
 def kills_its_worker(submission, *args):

@@ -11,6 +11,7 @@ import csv
 import hashlib
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -57,7 +58,13 @@ def kernel_processes() -> list:
 def graded(tmp_path_factory):
     base = tmp_path_factory.mktemp("hostile")
     submitted, out, gradebook = base / "submitted", base / "out", base / "gradebook.db"
-    places = {"submitted": submitted, "out": out, "gradebook": gradebook}
+    # A listener on the grader's loopback, where a Dask scheduler or a database could be.
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    listener.setblocking(False)
+    places = {"submitted": submitted, "out": out, "gradebook": gradebook,
+              "port": listener.getsockname()[1]}
     for case in CASES:
         folder = submitted / case.student / ASSIGNMENT
         folder.mkdir(parents=True)
@@ -82,8 +89,24 @@ def graded(tmp_path_factory):
         timeout=1500)
     with (out / "grades.csv").open() as handle:
         rows = list(csv.DictReader(handle))
+    reached = []
+    while True:
+        try:
+            connection, peer = listener.accept()
+        except BlockingIOError:
+            break
+        reached.append(peer)
+        connection.close()
+    listener.close()
     return {"done": done, "rows": rows, "out": out, "submitted": submitted,
-            "protected": protected, "gradebook": gradebook, "left": kernel_processes()}
+            "protected": protected, "gradebook": gradebook, "left": kernel_processes(),
+            "reached": reached}
+
+
+def test_no_kernel_reached_the_graders_loopback(graded):
+    if os.geteuid() != 0:
+        pytest.skip("network namespaces need root here (see the README's threat model)")
+    assert graded["reached"] == [], f"connections from kernels: {graded['reached']}"
 
 
 def row_of(graded, student: str, notebook: str = NOTEBOOK) -> dict:
