@@ -569,9 +569,11 @@ def manager_class(launch: KernelLaunch):
         def __init__(self, **kwargs):
             super().__init__(**kwargs)
             self.client_factory = _quick_client_class()
-            if launch.sandbox:
+            if launch.sandbox and sys.platform.startswith("linux"):
                 # Unix sockets in the kernel's working directory: they reach a kernel in a
                 # network namespace of its own (see sandbox._confine_network); TCP would not.
+                # (Linux only: that is where the namespace is, and macOS's long temporary
+                # paths could pass its 104-byte limit for a socket's path.)
                 self.transport = "ipc"
                 self.ip = str(Path(launch.cwd) / "kernel")
 
