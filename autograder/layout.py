@@ -181,7 +181,7 @@ def find_submissions(submitted: Path, assignment: str,
         names.update(notebooks or [])
         for name in sorted(names):
             found.append(Submission(student_dir.name, assignment, name, folder / f"{name}.ipynb",
-                                    root=submitted))
+                                    root=submitted.absolute()))  # a Dask worker has another cwd
     return found
 
 

@@ -1,6 +1,8 @@
 """autograder.layout: finding submissions and reading the instructor's notebooks."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import nbformat
 import pytest
 
@@ -37,6 +39,19 @@ def test_find_submissions_layout(tmp_path):
         ("alice", "demo"), ("alice", "extra"), ("bob", "demo"), ("dave", "demo")]
     assert not found[-1].path.exists()
     assert found[0].path == tmp_path / "alice" / "demo" / "demo.ipynb"
+
+
+def test_submissions_found_from_a_relative_path_can_be_read_from_any_folder(tmp_path,
+                                                                            monkeypatch):
+    """A Dask worker reads the file from another working directory: the folder the
+    submission must lie in (``root``) is absolute, so it still holds the file there."""
+    from autograder.layout import submitted_bytes
+    write(tmp_path / "submitted", "bob", released())
+    monkeypatch.chdir(tmp_path)
+    [found] = find_submissions(Path("submitted"), "demo")
+    assert found.root == tmp_path / "submitted"
+    monkeypatch.chdir("/")
+    assert submitted_bytes(tmp_path / found.path, found.root)
 
 
 def test_find_submissions_needs_a_folder(tmp_path):
