@@ -92,7 +92,7 @@ def check(notebook: Path, source: Optional[Path] = None,
         if server is not None and server is not fork_server:
             server.close()
     # A released test cell with no code left held only hidden tests: nothing to check here.
-    visible = {cell.get("metadata", {}).get("nbgrader", {}).get("grade_id"): cell.source
+    visible = {grade_id_of(cell): cell.source
                for cell in reference.notebook.cells if is_test(cell)}
     tests = [TestResult(t.grade_id, t.max_score, 0.0, HIDDEN_ONLY,
                         "Hidden tests only: they run when your work is graded.")

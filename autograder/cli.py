@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import List, Optional
 
-from .options import GiB, available_cores, default
+from .options import KERNELS, GiB, available_cores, default
 
 
 def _positive(kind, zero: bool = False):
@@ -89,7 +89,7 @@ def add_time_limits(command: argparse.ArgumentParser) -> None:
 
 
 def add_kernel_options(command: argparse.ArgumentParser) -> None:
-    command.add_argument("--kernel", choices=("fork", "fresh"), default=default("kernel"),
+    command.add_argument("--kernel", choices=KERNELS, default=default("kernel"),
                          help="fork kernels from a process with the imports done (default) or "
                               "start each as a new interpreter")
     command.add_argument("--memory", type=_positive(float), default=default("memory") / GiB,

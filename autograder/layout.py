@@ -103,6 +103,12 @@ class SourceNotebook:
             nb, resources = step(config=config).preprocess(nb, resources)
         return nb
 
+    @functools.cached_property
+    def secret(self) -> bytes:
+        """SHA-256 of the notebook file: the key of its submissions' ``TEST_SEED``s (read once)."""
+        import hashlib
+        return hashlib.sha256(self.path.read_bytes()).digest()
+
     def support_files(self) -> List[Path]:
         """Files beside the notebook that nbgrader copies into every submission (data, modules).
 
