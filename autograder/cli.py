@@ -96,6 +96,12 @@ def add_kernel_options(command: argparse.ArgumentParser) -> None:
                          metavar="GIB", help="data memory per kernel in GiB (default "
                          f"%(default)g); a kernel that holds more than this plus "
                          f"{default('memory_margin') / GiB:g} GiB is stopped")
+    command.add_argument("--disk", type=_positive(float), default=default("disk") / GiB,
+                         metavar="GIB", help="all the files a kernel writes in its working "
+                         "directory, in GiB (default %(default)g)")
+    command.add_argument("--processes", type=_positive(int), default=default("processes"),
+                         metavar="N", help="processes and threads per kernel, all it starts "
+                         "included (default %(default)s)")
 
 
 def grade_options(args: argparse.Namespace, device: str, profile: str,
@@ -104,7 +110,8 @@ def grade_options(args: argparse.Namespace, device: str, profile: str,
     from .options import GradeOptions, Limits
     return GradeOptions(device=device, profile=profile, kernel=args.kernel,
                         limits=Limits(cell=args.cell_timeout, notebook=args.timeout),
-                        memory=int(args.memory * GiB), threads=threads,
+                        memory=int(args.memory * GiB), disk=int(args.disk * GiB),
+                        processes=args.processes, threads=threads,
                         hidden=tuple(str(Path(p).resolve()) for p in hidden))
 
 

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import copy
 import logging
+import shutil
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -30,6 +32,7 @@ import nbformat
 
 from .kernels import ForkServer, KernelLaunch, manager_class
 from .options import Limits, default
+from .sandbox import ResourceGroup
 
 KERNEL_NAME = "python3"
 TIMEOUT_ENAME = "CellTimeoutError"
@@ -44,6 +47,7 @@ class Execution:
     #                memory-limit or output-limit
     message: str   # one line for the grades table; empty when completed
     peak_memory: int = 0  # bytes: the most the kernel and its processes held at once
+    peak_processes: int = 0  # the most processes and threads it had at once (0: unknown)
 
     @property
     def completed(self) -> bool:
@@ -154,7 +158,8 @@ def _engine(client: CappedClient):
 
 
 def _watch_memory(launch: KernelLaunch, limit: int, done: threading.Event, seen: dict) -> None:
-    """Poll the kernel's memory; kill it past ``limit`` bytes (the rlimit's back-up)."""
+    """Poll the kernel's memory; kill it past ``limit`` bytes (the rlimit's back-up where
+    no resource group bounds it)."""
     from .sandbox import memory_of
     while not done.wait(0.1):
         pid = launch.pid
@@ -173,13 +178,16 @@ def execute(nb: nbformat.NotebookNode, workdir: Path, *, parameters: Dict[str, o
             fork_server: Optional[ForkServer] = None, threads: Optional[int] = None,
             log: Optional[Path] = None, sandbox: Optional[dict] = None,
             memory_limit: Optional[int] = None,
-            output_limit: int = OUTPUT_LIMIT) -> Execution:
+            output_limit: int = OUTPUT_LIMIT,
+            group: Optional[ResourceGroup] = None) -> Execution:
     """Execute ``nb`` with papermill in a new kernel whose working directory is ``workdir``.
 
     ``parameters`` go into the notebook the papermill way (an ``injected-parameters``
     cell after the cell tagged ``parameters``); ``env`` is added to the kernel's
     environment; ``fork_server`` (optional) forks the kernel instead of launching a new
-    interpreter; ``threads`` caps PyTorch/OpenMP threads in the kernel.
+    interpreter; ``threads`` caps PyTorch/OpenMP threads in the kernel. ``group`` (the
+    kernel's cgroup, which ``sandbox`` names) bounds its memory; without one a watchdog
+    stops a kernel that holds more than ``memory_limit`` bytes.
     """
     from nbclient.exceptions import CellTimeoutError, DeadKernelError
     from papermill.engines import papermill_engines
@@ -188,8 +196,13 @@ def execute(nb: nbformat.NotebookNode, workdir: Path, *, parameters: Dict[str, o
     nb = _prepare_for_papermill(copy.deepcopy(nb))
     nb = parameterize_notebook(nb, parameters, kernel_name=KERNEL_NAME, language="python",
                                comment="Parameters injected by the autograder")
+    sockets = None
+    if sandbox:  # the kernel's Unix sockets: a folder of their own beside its working one
+        sockets = Path(tempfile.mkdtemp(prefix="ipc-", dir=Path(workdir).parent))
+        sandbox = {**sandbox, "sockets": str(sockets)}
     launch = KernelLaunch(cwd=Path(workdir), env=dict(env or {}), fork_server=fork_server,
-                          threads=threads, log=str(log) if log else None, sandbox=sandbox)
+                          threads=threads, log=str(log) if log else None, sandbox=sandbox,
+                          sockets=sockets)
     watchdog = threading.Timer(limits.notebook, launch.kill)
     watchdog.daemon = True
     flooded = threading.Event()
@@ -201,7 +214,7 @@ def execute(nb: nbformat.NotebookNode, workdir: Path, *, parameters: Dict[str, o
     engine = f"autograder-{id(launch)}"
     papermill_engines.register(engine, _engine(CappedClient(output_limit, on_flood)))
     done, memory = threading.Event(), {}
-    if memory_limit:
+    if memory_limit and group is None:
         threading.Thread(target=_watch_memory, args=(launch, memory_limit, done, memory),
                          daemon=True).start()
     start = time.perf_counter()
@@ -242,7 +255,12 @@ def execute(nb: nbformat.NotebookNode, workdir: Path, *, parameters: Dict[str, o
         done.set()
         papermill_engines._engines.pop(engine, None)
         launch.stop()  # whatever nbclient left running, and everything the kernel started
+        if sockets is not None:
+            shutil.rmtree(sockets, ignore_errors=True)
     seconds = time.perf_counter() - start
+    if group is not None:
+        memory["peak"] = group.memory_peak()
+        memory["over"] = group.out_of_memory_kills() > 0 and ended != "completed"
     if memory.get("over"):
         ended = "memory-limit"
         message = (f"the kernel used more than {memory_limit / 2**30:.1f} GiB of memory and "
@@ -260,4 +278,5 @@ def execute(nb: nbformat.NotebookNode, workdir: Path, *, parameters: Dict[str, o
             message += f"; kernel stderr: {tail[-1][:200]}"
     logging.getLogger(__name__).debug("executed in %.2f s: %s %s", seconds, ended, message)
     return Execution(notebook=nb, seconds=seconds, ended=ended, message=message,
-                     peak_memory=memory.get("peak", 0))
+                     peak_memory=memory.get("peak", 0),
+                     peak_processes=group.process_peak() if group is not None else 0)

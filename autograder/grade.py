@@ -16,6 +16,7 @@ import os
 import shutil
 import stat
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
@@ -30,7 +31,7 @@ from .kernels import ForkServer, fork_supported, notebook_imports
 from .layout import SourceNotebook, Submission, notebook_from_bytes, submitted_bytes
 from .options import GradeOptions, available_cores
 from .rebuild import Rebuilt, TestCell, rebuild
-from .sandbox import Policy, python_paths, shown_paths
+from .sandbox import Policy, ResourceGroup, closed_folders, python_paths, shown_paths
 
 GRADED, TIMEOUT, ERROR, INVALID = "graded", "timeout", "error", "invalid"
 STATUSES = (GRADED, TIMEOUT, ERROR, INVALID)
@@ -48,6 +49,7 @@ class SubmissionResult:
     executed: Optional[nbformat.NotebookNode] = None
     answered: Dict[str, bool] = field(default_factory=dict)
     peak_memory: int = 0             # bytes, the kernel's largest resident memory
+    peak_processes: int = 0          # its most processes and threads at once (0: unknown)
 
     @property
     def score(self) -> float:
@@ -107,11 +109,18 @@ def _copy_tree(src: Path, dst: Path, budget: List[int]) -> None:
 
 
 _RUN_DIR: Optional[Path] = None
+_RUN_DIR_LOCK = threading.Lock()
 
 
 def run_dir() -> Path:
     """This grader's folder for working directories and logs (hidden from every kernel,
-    but for the kernel's own working directory)."""
+    but for the kernel's own working directory). One per process, whichever grading
+    thread asks first: a kernel's working directory must lie in the folder it is hidden in."""
+    with _RUN_DIR_LOCK:
+        return _run_dir()
+
+
+def _run_dir() -> Path:
     global _RUN_DIR
     if _RUN_DIR is None or not _RUN_DIR.is_dir():
         _RUN_DIR = Path(tempfile.mkdtemp(prefix=f"autograder-run-{os.getpid()}-"))
@@ -138,7 +147,7 @@ def prepare_workdir(submission: Submission, source: SourceNotebook) -> Path:
 
 
 def sandbox_policy(submission: Submission, source: SourceNotebook, workdir: Path,
-                   options: GradeOptions) -> Policy:
+                   options: GradeOptions, group: Optional[ResourceGroup] = None) -> Policy:
     """What the submission's kernel may see and use (see :mod:`.sandbox`)."""
     hidden = {str(run_dir()), *(str(Path(h).resolve()) for h in options.hidden)}
     if not source.released:  # an instructor's notebook, in COURSE/<source dir>/<assignment>
@@ -146,10 +155,13 @@ def sandbox_policy(submission: Submission, source: SourceNotebook, workdir: Path
         hidden.update((str(course_sources.parent), str(course_sources)))
         if len(submission.path.parents) > 2:
             hidden.add(str(submission.path.resolve().parents[2]))  # every student's submissions
+    if os.geteuid() == 0:  # the kernel will run as nobody: cover what nobody may not enter
+        hidden.update(closed_folders(python_paths()))
     shown = shown_paths(hidden, python_paths())
     return Policy(workdir=str(workdir), memory=options.memory, file_size=options.file_size,
-                  cpu_seconds=int(options.limits.notebook) + 60, hidden=tuple(sorted(hidden)),
-                  shown=shown)
+                  disk=options.disk, cpu_seconds=int(options.limits.notebook) + 60,
+                  hidden=tuple(sorted(hidden)), shown=shown,
+                  cgroups=group.paths if group is not None else ())
 
 
 def trusted_checks(rebuilt: Rebuilt, executed: nbformat.NotebookNode, options: GradeOptions,
@@ -303,7 +315,9 @@ def grade_submission(submission: Submission, source: Optional[SourceNotebook],
         return invalid(str(error), zero)
 
     workdir = prepare_workdir(submission, source)
-    policy = sandbox_policy(submission, source, workdir, options)
+    # Memory and processes of the kernel and all it starts, bounded by the Linux kernel.
+    group = ResourceGroup.create(options.memory_limit, options.processes)
+    policy = sandbox_policy(submission, source, workdir, options, group)
     handle, name = tempfile.mkstemp(prefix="kernel-", suffix=".log", dir=run_dir())
     os.close(handle)
     log = Path(name)  # the kernel's own stderr: why it failed to start, if it does
@@ -314,8 +328,10 @@ def grade_submission(submission: Submission, source: Optional[SourceNotebook],
                             limits=options.limits, env=kernel_environment(workdir, options),
                             fork_server=server, threads=options.threads, log=log,
                             sandbox=policy.to_dict(), memory_limit=options.memory_limit,
-                            output_limit=options.output_limit)
+                            output_limit=options.output_limit, group=group)
     finally:
+        if group is not None:
+            group.close()
         log.unlink(missing_ok=True)
         if not options.keep_workdirs:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -343,7 +359,8 @@ def grade_submission(submission: Submission, source: Optional[SourceNotebook],
         status = GRADED
     result = SubmissionResult(submission, status, "", tests=tests, device=options.device,
                               executed=for_the_record(execution.notebook, rebuilt.tests, tests),
-                              answered=rebuilt.answered, peak_memory=execution.peak_memory)
+                              answered=rebuilt.answered, peak_memory=execution.peak_memory,
+                              peak_processes=execution.peak_processes)
     result.message = _summary(result, execution, rebuilt.notes)
     return finish(result)
 

@@ -515,6 +515,7 @@ class KernelLaunch:
     threads: Optional[int] = None  # CPU threads for PyTorch/OpenMP in the kernel
     log: Optional[str] = None      # file for the kernel's own stderr (start-up failures)
     sandbox: Optional[dict] = None  # a sandbox.Policy as a dict: confine the kernel so
+    sockets: Optional[Path] = None  # a folder for the kernel's Unix sockets (with sandbox)
     manager: object = None         # the kernel manager, set once the kernel starts
     killed: bool = False
     _log_file: object = None
@@ -569,13 +570,14 @@ def manager_class(launch: KernelLaunch):
         def __init__(self, **kwargs):
             super().__init__(**kwargs)
             self.client_factory = _quick_client_class()
-            if launch.sandbox and sys.platform.startswith("linux"):
-                # Unix sockets in the kernel's working directory: they reach a kernel in a
-                # network namespace of its own (see sandbox._confine_network); TCP would not.
+            if launch.sockets is not None and sys.platform.startswith("linux"):
+                # Unix sockets: they reach a kernel in a network namespace of its own (see
+                # sandbox._confine_network); TCP would not. Not in its working directory,
+                # which the kernel sees as a tmpfs of its own that the grader cannot.
                 # (Linux only: that is where the namespace is, and macOS's long temporary
                 # paths could pass its 104-byte limit for a socket's path.)
                 self.transport = "ipc"
-                self.ip = str(Path(launch.cwd) / "kernel")
+                self.ip = str(Path(launch.sockets) / "kernel")
 
         async def _async_wait(self, pollinterval: float = 0.01) -> None:
             # After a kill, look every 10 ms (not 100 ms) whether the kernel has gone.

@@ -46,6 +46,8 @@ class GradeOptions:
     memory_margin: int = 1 * GiB    # resident memory beyond `memory` (the libraries it maps:
     #                                 PyTorch alone is some hundreds of MB) before it is killed
     file_size: int = 256 * MiB      # the largest file a kernel may write
+    disk: int = 1 * GiB             # all files of a kernel's working directory together
+    processes: int = 512            # processes and threads of a kernel and all it starts
     output_limit: int = 2 * MiB     # output kept per notebook; 4 times this stops the kernel
     threads: Optional[int] = None   # CPU threads per kernel (PyTorch, OpenMP); None: all
     keep_workdirs: bool = False     # leave the working directories for inspection
@@ -58,7 +60,8 @@ class GradeOptions:
             raise ValueError(f"profile must be one of {PROFILES}, got {self.profile!r}")
         if self.kernel not in KERNELS:
             raise ValueError(f"kernel must be one of {KERNELS}, got {self.kernel!r}")
-        for name in ("checks_timeout", "memory", "file_size", "output_limit"):
+        for name in ("checks_timeout", "memory", "file_size", "disk", "processes",
+                     "output_limit"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")
 

@@ -98,7 +98,8 @@ def gradescope(result: SubmissionResult) -> dict:
                        "notebook": sub.notebook, "status": result.status,
                        "max_score": result.max_score, "device": result.device,
                        "seconds": result.seconds,
-                       "peak_memory_mib": round(result.peak_memory / 2**20)},
+                       "peak_memory_mib": round(result.peak_memory / 2**20),
+                       "peak_processes": result.peak_processes},
     }
 
 

@@ -6,13 +6,20 @@ Every hostile submission is built on one *baseline*: a correct ``split_batch`` a
 baseline would have faked something. Most tricks sit in a cell of the learner's own right
 after the ``allreduce`` answer, so they run before every ``allreduce`` test.
 
-``expect`` is the score: ``"full"`` (what the solution gets), ``"baseline"``, or a number;
-``status`` is the ``grades.csv`` status.
+``expect`` is the score: ``"full"`` (what the solution gets), ``"baseline"``, ``"at most
+baseline"`` or a number; ``status`` is the ``grades.csv`` status; ``says`` a phrase its row's
+message must hold.
+
+Cases marked ``isolated`` run native code that only the kernel's namespaces and resource
+group contain (a fork bomb, signals to the grader's processes): they are graded only where
+the grader can build that isolation (as root on Linux), never against a bare kernel.
 """
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Optional, Union
 
 import nbformat
@@ -36,6 +43,9 @@ class Case:
     expect: Union[str, float] = "baseline"
     status: Union[str, tuple] = "graded"  # or the statuses that are all right
     student: str = field(default="")
+    says: str = ""                      # a phrase the row's message must hold
+    place: Optional[Callable] = None    # place(folder, notebook): puts an odd file there
+    isolated: bool = False              # needs namespaces and a resource group to be safe
 
     def __post_init__(self):
         self.student = self.student or self.name
@@ -109,6 +119,38 @@ def _huge(nb):
 
 
 SOLUTION_PATH = str(SOLUTION_FILE)
+PROCESS_LIMIT = 128  # the grading run's --processes
+
+
+def native(code: str) -> str:
+    """A trick that runs ``code`` as a compiled extension would: under an installed
+    library's file name, so that the audit hook's rule for ``ctypes`` lets it through and
+    only the kernel's isolation stands in its way."""
+    return ("import sysconfig\n"
+            f"exec(compile({code!r}, sysconfig.get_paths()['purelib'] + '/innocent.py', "
+            "'exec'))")
+
+
+def _link_to_solution(folder: Path, notebook: Path) -> None:
+    notebook.symlink_to(SOLUTION_FILE)
+
+
+def _pipe(folder: Path, notebook: Path) -> None:
+    os.mkfifo(notebook)
+
+
+def _folder(folder: Path, notebook: Path) -> None:
+    notebook.mkdir()
+
+
+def _student_folder_elsewhere(folder: Path, notebook: Path) -> None:
+    """The student's folder is a link to a folder outside the submissions."""
+    elsewhere = folder.parent.parent.parent / "elsewhere" / folder.name
+    elsewhere.mkdir(parents=True)
+    nbformat.write(build(Case("x", "", allreduce=None), {}), str(elsewhere / notebook.name))
+    folder.rmdir()
+    folder.parent.rmdir()
+    folder.parent.symlink_to(elsewhere.parent)
 
 CASES = [
     # --- good submissions -----------------------------------------------------------------
@@ -140,6 +182,20 @@ CASES = [
          filename="", expect=0.0, status="invalid"),
     Case("broken_odd_student", "an odd student id (spaces, accents)", allreduce=None, expect="full",
          student="élève un"),
+    # --- files that are not what they seem ---------------------------------------------------
+    Case("file_symlink", "the notebook is a symbolic link to the instructor's notebook",
+         place=_link_to_solution, expect=0.0, status="invalid",
+         says="the notebook is a symbolic link, not a file"),
+    Case("file_fifo", "the notebook is a named pipe (reading it would block for ever)",
+         place=_pipe, expect=0.0, status="invalid", says="the notebook is a named pipe, not a file"),
+    Case("file_folder", "a folder where the notebook should be", place=_folder, expect=0.0,
+         status="invalid", says="the notebook is a folder, not a file"),
+    Case("file_outside", "the student's folder links outside the submissions",
+         place=_student_folder_elsewhere, expect=0.0, status="invalid",
+         says="a link to somewhere outside the submissions"),
+    # A spreadsheet would evaluate the id as a formula; grades.csv writes it as '=1+1.
+    Case("file_formula_student", "a student id that starts with =", allreduce=None,
+         expect="full", student="=1+1"),
     # --- runaway code -----------------------------------------------------------------------
     Case("runaway_loop", "an infinite loop", trick="while True:\n    pass", status="timeout"),
     Case("runaway_sleep", "sleeping forever", trick="import time\ntime.sleep(10**6)",
@@ -155,9 +211,11 @@ CASES = [
          trick="import subprocess, threading, time\n"
                "threading.Thread(target=lambda: time.sleep(10**6), daemon=False).start()\n"
                "subprocess.Popen(['sleep', '1000000'])"),
+    # Output past 2 MiB is dropped; the cell limit stops the loop, or the data memory limit
+    # stops the kernel's output buffer first (a MemoryError) on a busy machine.
     Case("runaway_output", "gigabytes of printed output",
          trick="line = 'x' * 1_000_000\nwhile True:\n    print(line)", expect="baseline",
-         status="timeout"),  # output past 2 MiB is dropped; the cell limit stops the loop
+         status=("timeout", "graded")),
     Case("runaway_big_file", "writing a huge file",
          trick="with open('big.bin', 'wb') as f:\n    for _ in range(4096):\n"
                "        f.write(bytes(2**20))"),
@@ -241,15 +299,46 @@ CASES = [
     Case("net_tcp_store", "torch.distributed's TCPStore as a client of the grader's loopback",
          trick="import datetime\nimport torch.distributed as dist\ntry:\n"
                "    dist.TCPStore('127.0.0.1', {port}, 2, False,\n"
-               "                  timeout=datetime.timedelta(seconds=3))\n"
+               "                  timeout=datetime.timedelta(seconds=1))\n"
                "except Exception:\n    pass"),
     Case("net_libc_connect", "libc's connect() through ctypes, compiled under a library's name",
-         trick="import sysconfig\n"
-               "code = ('import ctypes, socket, struct\\n'\n"
-               "        'libc = ctypes.CDLL(None)\\n'\n"
-               "        'fd = libc.socket(2, 1, 0)\\n'\n"
-               "        'address = struct.pack(\"=H\", 2) + struct.pack(\"!H\", {port})'\n"
-               "        ' + socket.inet_aton(\"127.0.0.1\") + bytes(8)\\n'\n"
-               "        'libc.connect(fd, address, len(address))\\n')\n"
-               "exec(compile(code, sysconfig.get_paths()['purelib'] + '/innocent.py', 'exec'))"),
+         trick=native("import ctypes, socket, struct\n"
+                      "libc = ctypes.CDLL(None)\n"
+                      "fd = libc.socket(2, 1, 0)\n"
+                      "address = struct.pack('=H', 2) + struct.pack('!H', {port})"
+                      " + socket.inet_aton('127.0.0.1') + bytes(8)\n"
+                      "libc.connect(fd, address, len(address))\n")),
+    # --- native processes: only the PID namespace and the resource group hold these -------------
+    Case("native_daemons", "five daemons made with fork() + setsid() + fork(), left running",
+         isolated=True,
+         trick=native("import ctypes\nlibc = ctypes.CDLL(None)\n"
+                      "for _ in range(5):\n"
+                      "    if libc.fork() == 0:\n"
+                      "        libc.setsid()\n"
+                      "        if libc.fork() == 0:\n"
+                      "            while True:\n                libc.pause()\n"
+                      "        libc._exit(0)\n")),
+    Case("native_kill_outside", "kill() of a process outside the grader, and of every process "
+         "it may signal (kill(-1))", isolated=True,
+         trick=native("import ctypes\nlibc = ctypes.CDLL(None)\n"
+                      "libc.kill({victim}, 9)\nlibc.kill(-1, 9)\n")),
+    # Every process forks until the resource group refuses; the kernel then goes on.
+    Case("native_fork_bomb", "a fork bomb in native code", isolated=True,
+         expect="at most baseline", status=("graded", "error", "timeout"),
+         trick=native("import ctypes\nlibc = ctypes.CDLL(None)\nchild = False\n"
+                      "while True:\n"
+                      "    pid = libc.fork()\n"
+                      "    if pid == 0:\n        child = True\n"
+                      "    elif pid < 0:\n"
+                      "        if not child:\n            break\n"
+                      "        while True:\n            libc.pause()\n")),
+    Case("native_disk_fill", "files that together fill the disk, each under the file size limit",
+         isolated=True,
+         trick="written = 0\ntry:\n"
+               "    for i in range(64):\n"
+               "        with open(f'fill-{i}.bin', 'wb') as f:\n"
+               "            for _ in range(128):\n"
+               "                f.write(bytes(2**20))\n                written += 2**20\n"
+               "except OSError as error:\n"
+               "    print('stopped after', written >> 20, 'MiB:', error)\n"),
 ]

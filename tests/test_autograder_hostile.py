@@ -3,7 +3,9 @@
 One grading run holds every case beside good submissions, as a real class would. Every
 submission gets a row with the status and score its case expects; nothing a trick does
 earns a point beyond the honest baseline; no process of any kernel is left running; no
-file outside the output folder changes; every kernel stays within its memory and time.
+file outside the output folder changes; every kernel stays within its memory and time;
+no kernel reaches the grader's loopback or signals a process outside it; a fork bomb and
+a disk fill stop at their limits.
 """
 from __future__ import annotations
 
@@ -19,11 +21,12 @@ from pathlib import Path
 import pytest
 
 from tests.assignments import ROOT
-from tests.hostile_submissions import ASSIGNMENT, CASES, NOTEBOOK, build
+from autograder.sandbox import ResourceGroup
+from tests.hostile_submissions import ASSIGNMENT, CASES, NOTEBOOK, PROCESS_LIMIT, build
 
 pytestmark = pytest.mark.integration
 
-MEMORY_GIB, TIMEOUT, CELL_TIMEOUT = 1.0, 60, 8
+MEMORY_GIB, DISK_GIB, TIMEOUT, CELL_TIMEOUT = 1.0, 0.25, 60, 8
 MARGIN_SECONDS, MARGIN_MIB = 20, 1024 + 256  # the grader's fixed allowance beyond the limits
 SENTINEL = Path("/tmp/hostile-was-here")
 
@@ -38,8 +41,22 @@ def fingerprint(*folders: Path) -> dict:
     return found
 
 
+def isolation_available() -> bool:
+    """Whether the grader here can give kernels namespaces and a resource group."""
+    group = ResourceGroup.create(2**30, 64) if os.geteuid() == 0 else None
+    if group is None:
+        return False
+    group.close()
+    return True
+
+
+ISOLATED = isolation_available()
+GRADED_CASES = [case for case in CASES if ISOLATED or not case.isolated]
+
+
 def kernel_processes() -> list:
-    """Processes working in a grader's run folder, or started by a trick ('sleep 1000000')."""
+    """Processes working in a grader's run folder, running as the kernels' user (nobody), or
+    started by a trick ('sleep 1000000')."""
     found = []
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
@@ -47,9 +64,11 @@ def kernel_processes() -> list:
         try:
             cwd = os.readlink(f"/proc/{entry.name}/cwd")
             cmdline = Path(f"/proc/{entry.name}/cmdline").read_bytes().replace(b"\0", b" ")
+            uid = os.stat(f"/proc/{entry.name}").st_uid
         except OSError:
             continue
-        if "/autograder-run-" in cwd or b"sleep 1000000" in cmdline:
+        if "/autograder-run-" in cwd or b"sleep 1000000" in cmdline or \
+                (os.geteuid() == 0 and uid == 65534):
             found.append((int(entry.name), cwd, cmdline[:80]))
     return found
 
@@ -63,13 +82,18 @@ def graded(tmp_path_factory):
     listener.bind(("127.0.0.1", 0))
     listener.listen(64)
     listener.setblocking(False)
+    # A process outside the grader that a kernel must not be able to signal.
+    victim = subprocess.Popen(["sleep", "3600"])
     places = {"submitted": submitted, "out": out, "gradebook": gradebook,
-              "port": listener.getsockname()[1]}
-    for case in CASES:
+              "port": listener.getsockname()[1], "victim": victim.pid}
+    for case in GRADED_CASES:
         folder = submitted / case.student / ASSIGNMENT
         folder.mkdir(parents=True)
         if not case.filename:
             continue  # submitted nothing
+        if case.place is not None:
+            case.place(folder, folder / case.filename)
+            continue
         content = build(case, places)
         target = folder / case.filename
         if isinstance(content, dict):  # a notebook of any nbformat version
@@ -84,7 +108,8 @@ def graded(tmp_path_factory):
         [sys.executable, "-m", "autograder", "grade", str(submitted), "--assignment", ASSIGNMENT,
          "--out", str(out), "--gradebook", f"sqlite:///{gradebook}", "--no-progress",
          "--timeout", str(TIMEOUT), "--cell-timeout", str(CELL_TIMEOUT),
-         "--memory", str(MEMORY_GIB), "--jobs", "2"],
+         "--memory", str(MEMORY_GIB), "--disk", str(DISK_GIB),
+         "--processes", str(PROCESS_LIMIT), "--jobs", "2"],
         cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True,
         timeout=1500)
     with (out / "grades.csv").open() as handle:
@@ -98,9 +123,12 @@ def graded(tmp_path_factory):
         reached.append(peer)
         connection.close()
     listener.close()
+    victim_alive = victim.poll() is None
+    victim.kill()
+    victim.wait()
     return {"done": done, "rows": rows, "out": out, "submitted": submitted,
             "protected": protected, "gradebook": gradebook, "left": kernel_processes(),
-            "reached": reached}
+            "reached": reached, "victim_alive": victim_alive}
 
 
 def test_no_kernel_reached_the_graders_loopback(graded):
@@ -109,8 +137,14 @@ def test_no_kernel_reached_the_graders_loopback(graded):
     assert graded["reached"] == [], f"connections from kernels: {graded['reached']}"
 
 
+def test_no_kernel_signalled_a_process_outside_it(graded):
+    assert graded["victim_alive"], "a kernel killed a process outside the grader"
+
+
 def row_of(graded, student: str, notebook: str = NOTEBOOK) -> dict:
-    rows = [r for r in graded["rows"] if r["student_id"] == student and r["notebook"] == notebook]
+    # grades.csv writes an id a spreadsheet would evaluate (=, +, -, @) after an apostrophe
+    written = f"'{student}" if student.startswith(("=", "+", "-", "@")) else student
+    rows = [r for r in graded["rows"] if r["student_id"] == written and r["notebook"] == notebook]
     assert len(rows) == 1, f"{student}: expected one row, got {rows}"
     return rows[0]
 
@@ -118,7 +152,7 @@ def row_of(graded, student: str, notebook: str = NOTEBOOK) -> dict:
 def test_the_run_succeeds_and_every_submission_gets_a_row(graded):
     done = graded["done"]
     assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-    for case in CASES:
+    for case in GRADED_CASES:
         row_of(graded, case.student)
 
 
@@ -130,14 +164,43 @@ def test_the_honest_scores_are_what_they_should_be(graded):
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_each_case_gets_its_score_and_status(graded, case):
+    if case not in GRADED_CASES:
+        pytest.skip("needs the grader's isolation (root on Linux, writable cgroups)")
     full, baseline = (float(row_of(graded, s)["score"]) for s in ("good_solution", "baseline"))
-    expected = {"full": full, "baseline": baseline}.get(case.expect, case.expect)
     row = row_of(graded, case.student)
     statuses = case.status if isinstance(case.status, tuple) else (case.status,)
-    assert row["status"] in statuses and float(row["score"]) == expected, (
-        f"{case.name} ({case.threat}): expected {statuses} with {expected}; got {row['status']} "
-        f"with {row['score']}: {row['message']}")
+    if case.expect == "at most baseline":
+        fair = float(row["score"]) <= baseline
+    else:
+        fair = float(row["score"]) == {"full": full, "baseline": baseline}.get(case.expect,
+                                                                               case.expect)
+    assert row["status"] in statuses and fair, (
+        f"{case.name} ({case.threat}): expected {statuses} with {case.expect}; got "
+        f"{row['status']} with {row['score']}: {row['message']}")
     assert row["message"].strip(), "every row says why"
+    assert case.says in row["message"], row["message"]
+
+
+def extra_data(graded, student: str) -> dict:
+    path = graded["out"] / student / ASSIGNMENT / f"{NOTEBOOK}.results.json"
+    return json.loads(path.read_text())["extra_data"]
+
+
+@pytest.mark.skipif(not ISOLATED, reason="needs the grader's isolation")
+def test_the_fork_bomb_stopped_at_the_process_limit(graded):
+    peak = extra_data(graded, "native_fork_bomb")["peak_processes"]
+    assert PROCESS_LIMIT // 2 < peak <= PROCESS_LIMIT, peak  # it did explode, that far only
+
+
+@pytest.mark.skipif(not ISOLATED, reason="needs the grader's isolation")
+def test_the_disk_fill_stopped_at_the_disk_limit(graded):
+    executed = json.loads((graded["out"] / "native_disk_fill" / ASSIGNMENT
+                           / f"{NOTEBOOK}.ipynb").read_text())
+    printed = "".join("".join(output.get("text", "")) for cell in executed["cells"]
+                      for output in cell.get("outputs", []))
+    assert "No space left on device" in printed, printed[-2000:]
+    stopped_at = int(printed.split("stopped after ")[1].split()[0])
+    assert stopped_at <= DISK_GIB * 1024, stopped_at
 
 
 def test_no_kernel_process_is_left_running(graded):
@@ -161,11 +224,11 @@ def test_results_and_gradebook_are_the_graders(graded):
     with sqlite3.connect(graded["gradebook"]) as db:
         students = {row[0] for row in db.execute("select id from student")}
         grades = db.execute("select count(*) from grade").fetchone()[0]
-    assert {c.student for c in CASES} <= students and grades > 0
+    assert {c.student for c in GRADED_CASES} <= students and grades > 0
 
 
 def test_every_kernel_stayed_within_its_memory_and_time(graded):
-    for case in CASES:
+    for case in GRADED_CASES:
         path = graded["out"] / case.student / ASSIGNMENT / f"{NOTEBOOK}.results.json"
         if not path.exists():
             continue
@@ -176,7 +239,7 @@ def test_every_kernel_stayed_within_its_memory_and_time(graded):
 
 def test_feedback_never_shows_hidden_tests_or_the_solution(graded):
     solution_line = "total += tensor.detach().to(total.device)"
-    for case in CASES:
+    for case in GRADED_CASES:
         folder = graded["out"] / case.student
         for path in folder.rglob("*") if folder.exists() else []:
             if not path.is_file():

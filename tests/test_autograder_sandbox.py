@@ -1,0 +1,141 @@
+"""Each layer of a kernel's isolation (autograder/sandbox.py), seen from inside the kernel.
+
+A real kernel, confined the way the grader confines a submission's, reports what it sees;
+each test checks one layer on its own, so that one layer failing cannot hide behind
+another (the hostile corpus checks what they hold together). Needs root on Linux: the
+grader builds these layers only there.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+from nbformat.v4 import new_code_cell, new_notebook
+
+from autograder.execute import Limits, execute
+from autograder.grade import run_dir
+from autograder.kernels import ForkServer, fork_supported
+from autograder.sandbox import (NOBODY, Policy, ResourceGroup, cgroup_places, closed_folders,
+                                python_paths, shown_paths)
+
+ISOLATING = sys.platform.startswith("linux") and os.geteuid() == 0
+
+DISK = 64 * 2**20
+PROCESSES = 64
+
+LOOK = r'''
+import json, os, socket
+seen = {"pid": os.getpid(), "uid": os.getuid(), "gid": os.getgid(),
+        "processes": sorted(int(p) for p in os.listdir("/proc") if p.isdigit()),
+        "interfaces": [name for _, name in socket.if_nameindex()],
+        "cwd": os.getcwd(), "files": sorted(os.listdir(".")),
+        "disk": os.statvfs(".").f_blocks * os.statvfs(".").f_frsize,
+        "shm": os.listdir("/dev/shm"),
+        "hidden_run_dir": sorted(os.listdir(os.path.dirname(os.getcwd())))}
+for name, path in (("sys", "/sys/fs/cgroup/pids/cgroup.procs"), ("etc", "/etc/hostname"),
+                   ("proc", "/proc/sys/kernel/hostname")):
+    try:
+        os.close(os.open(path, os.O_WRONLY))
+        seen[name] = "writable"
+    except OSError as error:
+        seen[name] = error.strerror
+print("SEEN" + json.dumps(seen))
+'''
+
+
+@pytest.fixture(scope="module", params=["fork", "fresh"])
+def seen(request, tmp_path_factory):
+    """What a confined kernel reports, in each kernel mode; also the group's peak."""
+    if not ISOLATING:
+        pytest.skip("the grader isolates kernels as root on Linux (see the README)")
+    if request.param == "fork" and not fork_supported():
+        pytest.skip("no fork server here")
+    outside = Path(tempfile.mkdtemp(dir="/dev/shm")) if os.path.isdir("/dev/shm") else None
+    workdir = Path(tempfile.mkdtemp(prefix="submission-", dir=run_dir()))
+    (workdir / "data.csv").write_text("x,y\n1,2\n")
+    group = ResourceGroup.create(2**31, PROCESSES)
+    assert group is not None, "root on Linux, yet no cgroup could be made"
+    hidden = (str(run_dir()), *closed_folders(python_paths()))
+    policy = Policy(workdir=str(workdir), disk=DISK, hidden=hidden,
+                    shown=shown_paths(hidden, python_paths()), cgroups=group.paths)
+    nb = new_notebook(cells=[new_code_cell(LOOK)], metadata={"kernelspec": {
+        "name": "python3", "language": "python", "display_name": "Python 3"}})
+    server = ForkServer([]) if request.param == "fork" else None
+    try:
+        done = execute(nb, workdir, parameters={}, limits=Limits(cell=60, notebook=120),
+                       fork_server=server, sandbox=policy.to_dict(), group=group,
+                       env={"HOME": str(workdir), "TMPDIR": str(workdir)}, log=run_dir() / "k.log")
+    finally:
+        group.close()
+        if server is not None:
+            server.close()
+    text = "".join(o.get("text", "") for o in done.notebook.cells[-1].outputs)
+    assert "SEEN" in text, (done.ended, done.message, (run_dir() / "k.log").read_text()[-3000:])
+    report = json.loads(text.split("SEEN", 1)[1])
+    report["grader_files"] = sorted(os.listdir(workdir))
+    report["peak_processes"] = done.peak_processes
+    report["group_left"] = [os.path.exists(p) for p in group.paths]
+    if outside is not None:
+        outside.rmdir()
+    report["outside_shm"] = outside.name if outside is not None else None
+    return report
+
+
+def test_the_kernel_has_a_pid_namespace_of_its_own(seen):
+    assert seen["pid"] == 2  # below the namespace's init
+    assert seen["processes"] == [1, 2], seen["processes"]
+
+
+def test_the_kernel_runs_as_nobody(seen):
+    assert (seen["uid"], seen["gid"]) == (NOBODY, NOBODY)
+
+
+def test_the_kernel_has_only_its_own_loopback(seen):
+    assert seen["interfaces"] == ["lo"], seen["interfaces"]
+
+
+def test_the_working_directory_is_a_tmpfs_of_the_disk_limit(seen):
+    assert seen["disk"] == DISK
+    assert "data.csv" in seen["files"]
+    # What the kernel writes there stays in its own tmpfs, not in the grader's folder.
+    assert "kernel-connection.json" in seen["files"]
+    assert "kernel-connection.json" not in seen["grader_files"]
+
+
+def test_other_working_directories_are_hidden(seen):
+    # In the grader's run folder the kernel sees its own working directory and the
+    # folder of its own sockets, nothing else.
+    others = [name for name in seen["hidden_run_dir"] if name != os.path.basename(seen["cwd"])]
+    assert len(others) == 1 and others[0].startswith("ipc-"), seen["hidden_run_dir"]
+
+
+def test_shared_memory_is_the_kernels_own(seen):
+    assert seen["outside_shm"] not in seen["shm"]
+
+
+def test_system_files_cgroups_and_sysctls_are_not_writable(seen):
+    for name in ("sys", "etc", "proc"):
+        assert seen[name] != "writable", (name, seen[name])
+
+
+def test_the_resource_group_counted_the_kernel_and_is_removed(seen):
+    assert 0 < seen["peak_processes"] <= PROCESSES
+    assert seen["group_left"] == [False] * len(seen["group_left"])
+
+
+def test_cgroup_places_are_read_from_mountinfo():
+    mountinfo = (
+        "30 25 0:26 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory\n"
+        "31 25 0:27 / /sys/fs/cgroup/pids rw,relatime - cgroup cgroup rw,pids\n"
+        "32 25 0:28 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw\n")
+    own = "4:memory:/job/7\n8:pids:/\n0::/user.slice\n"
+    assert cgroup_places(mountinfo, own) == (1, {"memory": "/sys/fs/cgroup/memory/job/7",
+                                                 "pids": "/sys/fs/cgroup/pids"})
+    only_v2 = "32 25 0:28 /outer /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n"
+    assert cgroup_places(only_v2, "0::/outer/grader\n") == (
+        2, {"memory": "/sys/fs/cgroup/grader", "pids": "/sys/fs/cgroup/grader"})
+    assert cgroup_places("", "0::/\n") == (0, {})
