@@ -579,10 +579,13 @@ def install_audit_hook(policy: Policy) -> None:
 # --------------------------------------------------------------------------------------
 
 def _stat(pid: str) -> Optional[Tuple[int, int]]:
-    """(parent pid, session id) of a process, from /proc/<pid>/stat."""
+    """(parent pid, session id) of a living process, from /proc/<pid>/stat; None for one
+    that has exited (a zombie waits for its parent to collect it; it runs nothing)."""
     try:
         with open(f"/proc/{pid}/stat") as handle:
             fields = handle.read().rsplit(")", 1)[1].split()
+        if fields[0] in ("Z", "X"):
+            return None
         return int(fields[1]), int(fields[3])
     except (OSError, IndexError, ValueError):
         return None

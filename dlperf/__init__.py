@@ -1,7 +1,8 @@
 """dlperf: the helpers every page of the course shares.
 
 One place for each idea: devices (GPUs or CPU stand-ins), the run profile,
-Fashion-MNIST (real or synthetic), timing and plots. Pages start with
+Fashion-MNIST (real or synthetic), timing, plots and quoting measured values in the
+text (``dlperf.glue``, which works with or without myst-nb). Pages start with
 ``import dlperf; dlperf.page_setup()``.
 """
 from __future__ import annotations
@@ -21,6 +22,7 @@ _LAZY = {
     "bar_chart": "plotting", "plot_lines": "plotting", "plot_timeline": "plotting",
     "use_book_style": "plotting",
     "Benchmark": "timing", "compare": "timing", "time_it": "timing", "timing_table": "timing",
+    "glue": "pages",
 }
 
 __all__ = sorted([*_LAZY, "RunProfile", "describe", "device", "devices", "gpu_count",
