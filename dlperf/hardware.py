@@ -7,7 +7,7 @@ Two kinds of number live in this course and must never be mixed up:
 * *measured* numbers, which the pages produce on the machine they run on.
 
 ``peak_flops(device, dtype)`` returns the datasheet peak of a GPU that is in
-``GPU_SPECS``, a labelled rough estimate for an x86 CPU, or ``None`` with the
+``GPU_SPECS``, a labelled nominal estimate for an x86 CPU, or ``None`` with the
 reason, never a guess presented as a fact.
 """
 from __future__ import annotations
@@ -177,23 +177,33 @@ def gpu_spec(device_name: str) -> Optional[GpuSpec]:
     return None
 
 
-# --- CPUs: a rough estimate, labelled as one ----------------------------------------------
+# --- CPUs: a nominal estimate, labelled as one --------------------------------------------
+
+CPUFREQ = Path("/sys/devices/system/cpu/cpu0/cpufreq")
+
 
 @dataclass(frozen=True)
 class CpuPeakEstimate:
-    """cores x clock x FLOP per cycle, with the assumptions that produced each factor."""
+    """cores x clock x FLOP per cycle, with the assumptions that produced each factor.
+
+    ``clock`` says where ``ghz`` comes from: the highest clock Linux lists for the
+    core (cpufreq), or else the clock ``/proc/cpuinfo`` reports, which in a virtual
+    machine is usually the nominal (base) clock. Cores run faster than the base
+    clock for a while (turbo), so a measured rate can exceed an estimate built on it.
+    """
     cores: int
     ghz: float
     flop_per_cycle: int
     assumption: str
+    clock: str = "clock /proc/cpuinfo reports"
 
     @property
     def gflops(self) -> float:
         return self.cores * self.ghz * self.flop_per_cycle
 
     def describe(self) -> str:
-        return (f"rough estimate {self.gflops:.0f} GFLOP/s = {self.cores} core{'s' if self.cores != 1 else ''} x "
-                f"{self.ghz:.2f} GHz (clock the OS reports) x {self.flop_per_cycle} FP32 FLOP/cycle "
+        return (f"nominal estimate {self.gflops:.0f} GFLOP/s = {self.cores} core{'s' if self.cores != 1 else ''} x "
+                f"{self.ghz:.2f} GHz ({self.clock}) x {self.flop_per_cycle} FP32 FLOP/cycle "
                 f"({self.assumption})")
 
 
@@ -217,19 +227,32 @@ def fp32_flop_per_cycle(flags: set, vendor: str = "", family: Optional[int] = No
     return 0, "no known vector instruction set"
 
 
-def cpu_peak_estimate(cpuinfo: Optional[str] = None,
-                      cores: Optional[int] = None) -> Optional[CpuPeakEstimate]:
-    """A rough FP32 peak of the cores PyTorch uses, or None where /proc/cpuinfo cannot tell.
+def max_clock_ghz(cpufreq: Path = CPUFREQ) -> Optional[float]:
+    """The highest clock Linux lists for a core (``cpuinfo_max_freq``, in kHz), or None."""
+    try:
+        khz = float((cpufreq / "cpuinfo_max_freq").read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return khz / 1e6 if khz > 0 else None
 
-    It is an estimate, not a datasheet number: the clock the OS reports is often
-    the base clock (cores may boost above it or slow down when hot), and the
-    number of vector units per core differs between CPUs with the same flags.
+
+def cpu_peak_estimate(cpuinfo: Optional[str] = None, cores: Optional[int] = None,
+                      cpufreq: Optional[Path] = None) -> Optional[CpuPeakEstimate]:
+    """A nominal FP32 peak of the cores PyTorch uses, or None where /proc/cpuinfo cannot tell.
+
+    It is an estimate, not a datasheet number. The clock is the highest one
+    cpufreq lists (read from ``cpufreq``; by default from sysfs when ``cpuinfo``
+    is not given), else the one /proc/cpuinfo reports, often the base clock,
+    which cores exceed while they boost; cores slow down when hot, and the number
+    of vector units per core differs between CPUs with the same flags.
     """
     if cpuinfo is None:
         try:
             cpuinfo = Path("/proc/cpuinfo").read_text()
         except OSError:
             return None
+        if cpufreq is None:
+            cpufreq = CPUFREQ
     mhz = _cpuinfo_field(cpuinfo, "cpu MHz")
     flags = _cpuinfo_field(cpuinfo, "flags")
     if not mhz or not flags:
@@ -242,7 +265,12 @@ def cpu_peak_estimate(cpuinfo: Optional[str] = None,
         return None
     if cores is None:
         cores = min(torch.get_num_threads(), os.cpu_count() or 1)
-    return CpuPeakEstimate(cores, float(mhz) / 1e3, per_cycle, assumption)
+    listed = max_clock_ghz(cpufreq) if cpufreq is not None else None
+    if listed is not None:
+        return CpuPeakEstimate(cores, listed, per_cycle, assumption,
+                               "highest clock cpufreq lists for the core")
+    return CpuPeakEstimate(cores, float(mhz) / 1e3, per_cycle, assumption,
+                           "clock /proc/cpuinfo reports, often the base clock; turbo can exceed it")
 
 
 @dataclass(frozen=True)
@@ -282,7 +310,7 @@ def peak_flops(dev, dtype: torch.dtype = torch.float32) -> Peak:
     return Peak(None, "unknown", f"no peak known for {dtype} on {dev.type}")
 
 
-# --- caches this machine reports ----------------------------------------------------------
+# --- caches and memory this machine reports ----------------------------------------------------------
 
 def _parse_size(text: str) -> int:
     match = re.fullmatch(r"\s*(\d+)\s*([KMG]?)i?B?\s*", text, flags=re.I)
@@ -314,3 +342,49 @@ def matmul_flops(n: int, m: Optional[int] = None, k: Optional[int] = None) -> in
     m = n if m is None else m
     k = n if k is None else k
     return 2 * n * m * k
+
+
+def memory_bytes(dev=None) -> Optional[int]:
+    """Physical memory of a device in bytes: a GPU's from CUDA, the host's from the OS (or None)."""
+    dev = torch.device(dev if dev is not None else "cpu")
+    if dev.type == "cuda":
+        return int(torch.cuda.get_device_properties(dev).total_memory)
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # no sysconf (Windows) or no such name
+        return None
+
+
+def largest_drop(sizes: List[int], rates: List[float]):
+    """Where a throughput curve falls most between neighbouring working sets.
+
+    Returns ``(i, factor)``: the rate fell by ``factor = rates[i] / rates[i + 1]``
+    from ``sizes[i]`` to ``sizes[i + 1]``, the largest such factor (below 1 if
+    the curve never falls).
+    """
+    if len(sizes) != len(rates) or len(rates) < 2:
+        raise ValueError("need at least two working sets, each with its rate")
+    factors = [rates[i] / rates[i + 1] for i in range(len(rates) - 1)]
+    i = max(range(len(factors)), key=factors.__getitem__)
+    return i, factors[i]
+
+
+def nearest_cache(low: int, high: int, caches: Dict[str, int]):
+    """The reported cache closest to a drop between working sets ``low`` and ``high`` bytes.
+
+    Returns ``(name, size, factor)``, where ``factor`` is 1 if the cache size lies
+    between ``low`` and ``high`` and otherwise how many times the size lies beyond
+    the nearer end (so 2 means twice ``high``, or half of ``low``); None without caches.
+    """
+    if not caches:
+        return None
+
+    def distance(size: int) -> float:
+        if size < low:
+            return low / size
+        if size > high:
+            return size / high
+        return 1.0
+
+    name = min(caches, key=lambda key: distance(caches[key]))
+    return name, caches[name], distance(caches[name])

@@ -9,7 +9,10 @@ button, but its launch buttons point at ``<page>.ipynb`` *in the repository*,
 which does not exist for a ``.md`` page. So at the end of the build this
 extension writes the notebook people should open (the executed chapter, with
 the outputs of this build and a first cell that installs ``dlperf`` where it is
-missing) to ``_sources/<page>.ipynb``, and points the Colab and Binder buttons
+missing) to ``_sources/<page>.ipynb``, made to stand on its own where the book's
+Sphinx extensions are missing (:func:`self_contained`: the code that
+``literalinclude`` directives show is written in, and ``{glue:text}`` roles become
+the values this build glued), and points the Colab and Binder buttons
 of those pages at that file on the branch the built book is published to
 (``dlperf_pages_branch``, ``gh-pages``: ``.github/workflows/book.yml`` pushes
 ``_build/html`` there). Binder builds its environment from that branch too,
@@ -63,10 +66,8 @@ import importlib.util
 if importlib.util.find_spec("dlperf") is None:
     %pip install --quiet "dlperf @ git+{repo_url}@{branch}"'''
 
-# What Binder installs for the published notebooks (pins taken from requirements.txt);
-# CPU wheels of PyTorch, since Binder has no GPU.
-BINDER_PACKAGES = ("torch", "torchvision", "numpy", "pandas", "scipy", "matplotlib",
-                   "matplotlib-inline", "requests", "Pillow")
+# Binder's environment for the published notebooks: what dlperf declares it needs
+# (pyproject.toml), at the versions requirements.txt pins; CPU wheels of PyTorch.
 
 
 # --- launch links ---------------------------------------------------------------------------
@@ -172,6 +173,9 @@ def publish_notebooks(app: Sphinx, exception: Optional[Exception]) -> None:
         if not executed.exists():
             continue
         nb = _with_cached_outputs(app, nbformat.read(executed, as_version=4))
+        glue_file = executed.with_name(f"{executed.stem}.glue.json")
+        glued = json.loads(glue_file.read_text()) if glue_file.exists() else {}
+        nb = self_contained(nb, Path(app.env.doc2path(pagename)).parent, glued, app.config)
         if repo is not None:
             setup = nbformat.v4.new_code_cell(
                 SETUP_CELL.format(repo_url=repo["url"], branch=repo["branch"]))
@@ -182,6 +186,55 @@ def publish_notebooks(app: Sphinx, exception: Optional[Exception]) -> None:
         target.parent.mkdir(parents=True, exist_ok=True)
         nbformat.write(nb, target)
     _write_binder_environment(app, out)
+
+
+LITERALINCLUDE = re.compile(
+    r"^(?P<fence>`{3,}|~{3,})\{literalinclude\}[ \t]+(?P<path>\S+)[ \t]*\n"
+    r"(?P<options>(?:[ \t]*:[\w-]+:[^\n]*\n)*)(?P<body>.*?)^(?P=fence)[ \t]*$",
+    re.MULTILINE | re.DOTALL)
+GLUE_TEXT = re.compile(r"\{glue:text\}`(?P<key>[^`:]+)(?::(?P<spec>[^`]*))?`")
+
+
+def _included(path: str, options: str, folder: Path, config) -> tuple:
+    """(language, text) that a literalinclude with these options shows, as Sphinx reads it."""
+    from sphinx.directives.code import LiteralIncludeReader
+    parsed = {}
+    for line in options.splitlines():
+        match = re.match(r"\s*:([\w-]+):\s*(.*)", line)
+        if match:
+            key, value = match[1], match[2].strip()
+            parsed[key] = int(value) if key in ("dedent", "lineno-start") and value else value
+    text, _ = LiteralIncludeReader(str((folder / path).resolve()), parsed, config).read()
+    return parsed.get("language", ""), text
+
+
+def self_contained(nb, folder: Path, glued: Dict[str, Any], config):
+    """The chapter notebook, readable without the book's Sphinx extensions.
+
+    Colab, Binder and JupyterLab show a markdown cell's MyST directives and roles as raw
+    text, so: the code of each ``literalinclude`` is written into the cell as a fenced
+    block (shown, as on the page, not run: it is the course's own code, which the
+    notebook imports), and each ``{glue:text}`` role becomes the value this build glued,
+    formatted as myst-nb formats it. (Run as a notebook, ``dlperf.glue`` prints each
+    value the reader's own run measured.)
+    """
+    from myst_nb.core.variables import format_plain_text
+
+    def include(match) -> str:
+        language, text = _included(match["path"], match["options"], folder, config)
+        fence = "`" * max(3, len(match["fence"]))
+        return f"{fence}{language}\n{text.rstrip()}\n{fence}"
+
+    def value(match) -> str:
+        output = glued.get(match["key"])
+        if output is None or "text/plain" not in output.get("data", {}):
+            return match[0]
+        return format_plain_text(output["data"]["text/plain"], match["spec"] or "")
+
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            cell.source = GLUE_TEXT.sub(value, LITERALINCLUDE.sub(include, cell.source))
+    return nb
 
 
 def _with_cached_outputs(app: Sphinx, nb):
@@ -200,19 +253,28 @@ def _with_cached_outputs(app: Sphinx, nb):
         return nb
 
 
-def _write_binder_environment(app: Sphinx, out: Path) -> None:
-    requirements = Path(app.srcdir) / "requirements.txt"
-    if not requirements.exists():
-        return
+def binder_requirements(source: Path) -> List[str]:
+    """dlperf's dependencies (pyproject.toml), pinned as requirements.txt pins them."""
+    import tomllib
+    declared = tomllib.loads((source / "pyproject.toml").read_text())["project"]["dependencies"]
     pins = {}
-    for line in requirements.read_text().splitlines():
+    requirements = source / "requirements.txt"
+    for line in requirements.read_text().splitlines() if requirements.exists() else []:
         name = re.split(r"[<>=!~\[ ]", line.strip(), maxsplit=1)[0]
-        if name in BINDER_PACKAGES:
-            pins[name] = line.strip()
+        if name and not name.startswith(("#", "-")):
+            pins[name.lower()] = line.strip()
+    return [pins.get(re.split(r"[<>=!~\[ ;]", r, maxsplit=1)[0].lower(), r) for r in declared]
+
+
+def _write_binder_environment(app: Sphinx, out: Path) -> None:
+    source = Path(app.srcdir)
+    if not (source / "pyproject.toml").exists():
+        return
     lines = ["# Binder's environment for the published chapter notebooks; written by the book build",
-             "# (dlperf/sphinxext.py) from requirements.txt. Each notebook installs dlperf itself.",
+             "# (dlperf/sphinxext.py) from pyproject.toml and requirements.txt. Each notebook",
+             "# installs dlperf itself.",
              "--extra-index-url https://download.pytorch.org/whl/cpu",
-             *(pins[name] for name in BINDER_PACKAGES if name in pins)]
+             *binder_requirements(source)]
     (out / "binder").mkdir(exist_ok=True)
     (out / "binder" / "requirements.txt").write_text("\n".join(lines) + "\n")
     (out / ".nojekyll").touch()  # GitHub Pages must serve _static/ and _sources/ as they are

@@ -18,7 +18,7 @@ import torch
 from dlperf import distributed as D
 
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPT = ROOT / "chapters" / "scripts" / "train_ddp.py"
+SCRIPT = ROOT / "dlperf" / "train_ddp.py"
 
 CASES = [
     ((1000,), "float32", False),
@@ -169,7 +169,9 @@ def test_ddp_script_trains_two_processes_to_the_same_parameters(tmp_path):
     dlperf.fashion_mnist(verbose=False)  # write the data files before two processes read them
     out = tmp_path / "ddp.json"
     command = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2",
-               "--master-addr=127.0.0.1", f"--master-port={D.free_port()}", str(SCRIPT),
+               # as a module: run as a file, dlperf/ would come first on sys.path and its
+               # profile.py would stand in for the standard library's profile
+               "--master-addr=127.0.0.1", f"--master-port={D.free_port()}", "-m", "dlperf.train_ddp",
                "--device=cpu", "--epochs=2", "--batch-size=32", "--width=8",
                "--max-train=256", "--max-test=128", f"--out={out}"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -187,6 +189,31 @@ def test_ddp_script_trains_two_processes_to_the_same_parameters(tmp_path):
     assert len(result["test_acc"]) == len(result["seconds"]) == len(result["train_loss"]) == 2
     assert all(0.0 <= a <= 1.0 for a in result["test_acc"])
     assert all(s > 0 for s in result["seconds"])
+    assert all(loss > 0 for loss in result["train_loss"])
     first, second = result["checksums"]
     assert first == second, "the two processes ended with different parameters"
     assert "epoch 2: train loss" in stdout
+
+
+def test_ddp_script_training_step_does_not_wait_for_the_device():
+    """Inside the training loop nothing may read a value back or build a tensor from host
+    values (each would make the host wait for a GPU), and non_blocking copies need pinned
+    batches, so the loaders pin memory when the device is a GPU."""
+    import ast
+    tree = ast.parse(SCRIPT.read_text())
+    main = next(node for node in tree.body if isinstance(node, ast.FunctionDef)
+                and node.name == "main")
+    loops = [node for node in ast.walk(main) if isinstance(node, ast.For)
+             and isinstance(node.iter, ast.Name) and node.iter.id == "train_loader"]
+    assert len(loops) == 1
+    step = ast.unparse(loops[0])
+    assert "non_blocking=True" in step
+    for blocker in ("torch.tensor(", ".item()", ".cpu()", ".tolist()", "float(", "print("):
+        assert blocker not in step, f"{blocker} in the training step"
+    loaders = [node for node in ast.walk(main) if isinstance(node, ast.Call)
+               and isinstance(node.func, ast.Name) and node.func.id == "DataLoader"]
+    assert len(loaders) == 2
+    for call in loaders:
+        pin = {kw.arg: kw.value for kw in call.keywords}.get("pin_memory")
+        assert pin is not None, "a DataLoader without pin_memory"
+    assert "pin = device.type == 'cuda'" in ast.unparse(main)  # pinned exactly on a GPU

@@ -145,3 +145,33 @@ def test_quoted_finds_a_component_by_name_and_names_the_known_ones():
     assert quoted("PCIe 4.0 x16").bandwidth_gbs == pytest.approx(31.5)
     with pytest.raises(KeyError, match="PCIe 5.0 x16"):
         quoted("PCIe 9.0 x16")
+
+
+def test_cpu_estimate_uses_the_highest_listed_clock_when_cpufreq_has_one(tmp_path):
+    (tmp_path / "cpuinfo_max_freq").write_text("3500000\n")  # kHz
+    listed = hardware.cpu_peak_estimate(AMD_ZEN4, cores=2, cpufreq=tmp_path)
+    assert listed.gflops == pytest.approx(2 * 3.5 * 32)
+    assert "highest clock" in listed.describe()
+    assert hardware.max_clock_ghz(tmp_path / "missing") is None
+    nominal = hardware.cpu_peak_estimate(AMD_ZEN4, cores=2, cpufreq=tmp_path / "missing")
+    assert nominal.ghz == pytest.approx(2.596142)
+    assert "nominal estimate" in nominal.describe() and "turbo" in nominal.describe()
+
+
+def test_memory_bytes_of_the_host_is_positive_or_unknown():
+    memory = hardware.memory_bytes("cpu")
+    assert memory is None or memory > 2**20
+
+
+def test_largest_drop_and_the_cache_nearest_to_it():
+    sizes = [2**k for k in range(10, 16)]
+    rates = [100, 100, 90, 30, 28, 27]
+    assert hardware.largest_drop(sizes, rates) == (2, pytest.approx(3.0))
+    assert hardware.largest_drop([1, 2], [1, 2])[1] == pytest.approx(0.5)  # never falls
+    with pytest.raises(ValueError):
+        hardware.largest_drop([1], [1.0])
+    caches = {"L1d": 2**11, "L2": 2**20}
+    assert hardware.nearest_cache(2**12, 2**13, caches) == ("L1d", 2**11, 2.0)
+    assert hardware.nearest_cache(2**11, 2**12, caches) == ("L1d", 2**11, 1.0)
+    assert hardware.nearest_cache(2**18, 2**19, caches) == ("L2", 2**20, 2.0)
+    assert hardware.nearest_cache(2**12, 2**13, {}) is None

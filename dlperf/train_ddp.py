@@ -3,7 +3,10 @@
 Launch it with torchrun, one process per GPU (or several CPU processes):
 
     torchrun --nnodes=1 --nproc-per-node=2 --master-addr=127.0.0.1 --master-port=29500 \\
-        train_ddp.py --epochs 3 --out results.json
+        -m dlperf.train_ddp --epochs 3 --out results.json
+
+(Run it as a module, as above: run as a file, its folder would come first on sys.path and
+dlperf's own profile.py would shadow the standard library's.)
 
 torchrun starts the processes and gives each its RANK, LOCAL_RANK and
 WORLD_SIZE (and where to meet: MASTER_ADDR, MASTER_PORT) in the environment.
@@ -90,9 +93,9 @@ def evaluate(model, loader, device) -> float:
     model.eval()
     counts = torch.zeros(2, dtype=torch.float64, device=device)
     for X, y in loader:
-        X, y = X.to(device), y.to(device)
-        counts[0] += (model(X).argmax(dim=1) == y).sum()
-        counts[1] += len(y)
+        X, y = X.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        counts[0] += (model(X).argmax(dim=1) == y).sum()  # stays on the device: no wait
+        counts[1] += len(y)  # a Python number added in place: no copy to the device
     dist.all_reduce(counts)
     model.train()
     return float(counts[0] / counts[1])
@@ -132,8 +135,11 @@ def main(argv=None) -> None:
     sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank, shuffle=True,
                                  seed=args.seed)
     per_process_batch = args.batch_size // world_size
-    train_loader = DataLoader(train_set, per_process_batch, sampler=sampler)
-    test_loader = DataLoader(test_shard(test_set, rank, world_size), 256)
+    # Batches in pinned (page-locked) host memory can be copied to a GPU asynchronously;
+    # from ordinary memory, non_blocking=True below would change nothing. No GPU, no pinning.
+    pin = device.type == "cuda"
+    train_loader = DataLoader(train_set, per_process_batch, sampler=sampler, pin_memory=pin)
+    test_loader = DataLoader(test_shard(test_set, rank, world_size), 256, pin_memory=pin)
 
     # A fresh model, initialized explicitly and identically on every rank (same seed);
     # DDP would also copy rank 0's weights to the others when it wraps the model.
@@ -153,19 +159,23 @@ def main(argv=None) -> None:
         sampler.set_epoch(epoch)  # a different shuffle every epoch, the same on every rank
         dist.barrier()
         start = time.perf_counter()
-        loss_sum = torch.zeros(2, dtype=torch.float64, device=device)
+        loss_sum = torch.zeros((), dtype=torch.float64, device=device)  # on the device
+        examples = 0  # on the host, which knows every batch's size without asking the device
         for X, y in train_loader:
             X, y = X.to(device, non_blocking=True), y.to(device, non_blocking=True)
             loss = F.cross_entropy(ddp(X), y)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()  # DDP's hooks allreduce (average) the gradients here
             optimizer.step()
-            loss_sum += torch.stack([loss.detach().double() * len(y),
-                                     torch.tensor(len(y), dtype=torch.float64, device=device)])
+            # Sum the loss where it is; no .item() and no new tensor from the host, so
+            # nothing in the step makes the host wait for the device.
+            loss_sum += loss.detach() * len(y)
+            examples += len(y)
         dlperf.synchronize(device)
         dist.barrier()
         seconds = time.perf_counter() - start
-        dist.all_reduce(loss_sum)
+        totals = torch.stack([loss_sum, loss_sum.new_tensor(examples)])  # once per epoch
+        dist.all_reduce(totals)
         # Batch-norm running statistics are buffers, not parameters: each rank updated its
         # own in the last forward pass. DDP copies rank 0's buffers to the others at the
         # start of every forward; do the same before evaluating, so all ranks agree.
@@ -174,7 +184,7 @@ def main(argv=None) -> None:
         # Evaluate the wrapped model itself: DDP's forward would talk to the other ranks.
         accuracy = evaluate(model, test_loader, device)
         history["test_acc"].append(accuracy)
-        history["train_loss"].append(float(loss_sum[0] / loss_sum[1]))
+        history["train_loss"].append(float(totals[0] / totals[1]))
         history["seconds"].append(seconds)
         if rank == 0:
             print(f"epoch {epoch + 1}: train loss {history['train_loss'][-1]:.3f}, "
