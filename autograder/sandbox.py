@@ -63,6 +63,7 @@ PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS, PR_CAPBSET_DROP = 1, 38, 24
 # devices (/dev/null must work; the unprivileged user cannot open the others for writing).
 KEEP_WRITABLE = ("/proc", "/dev")
 NOBODY = 65534  # the user and group a kernel of a root grader runs as
+NO_PID_NAMESPACE = "no private process space"  # confine's note when unshare(CLONE_NEWPID) fails
 
 
 @dataclass(frozen=True)
@@ -413,7 +414,7 @@ def confine(policy: Policy) -> List[str]:
             _new_pid_namespace()
             own_proc = True
         except OSError as error:
-            notes.append(f"no private process space ({error.strerror or error})")
+            notes.append(f"{NO_PID_NAMESPACE} ({error.strerror or error})")
         try:
             _confine_filesystem(policy, own_proc)
         except OSError as error:
@@ -455,7 +456,7 @@ def start_kernel(policy: Policy, argv) -> None:
     notes = confine(policy)
     for note in notes:
         print(f"autograder sandbox: {note}", file=sys.stderr, flush=True)
-    if not any(note.startswith("no private process space") for note in notes) \
+    if not any(note.startswith(NO_PID_NAMESPACE) for note in notes) \
             and sys.platform.startswith("linux"):
         # Our parent is the namespace's init now: ipykernel would take that for being
         # orphaned and exit. The grader's end of the chain kills us if it dies.

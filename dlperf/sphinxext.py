@@ -253,6 +253,11 @@ def _with_cached_outputs(app: Sphinx, nb):
         return nb
 
 
+def requirement_name(requirement: str) -> str:
+    """The package name of a requirement line (``"numpy>=2,<3"`` -> ``"numpy"``)."""
+    return re.split(r"[<>=!~\[ ;]", requirement.strip(), maxsplit=1)[0]
+
+
 def binder_requirements(source: Path) -> List[str]:
     """dlperf's dependencies (pyproject.toml), pinned as requirements.txt pins them."""
     import tomllib
@@ -260,10 +265,10 @@ def binder_requirements(source: Path) -> List[str]:
     pins = {}
     requirements = source / "requirements.txt"
     for line in requirements.read_text().splitlines() if requirements.exists() else []:
-        name = re.split(r"[<>=!~\[ ]", line.strip(), maxsplit=1)[0]
+        name = requirement_name(line)
         if name and not name.startswith(("#", "-")):
             pins[name.lower()] = line.strip()
-    return [pins.get(re.split(r"[<>=!~\[ ;]", r, maxsplit=1)[0].lower(), r) for r in declared]
+    return [pins.get(requirement_name(r).lower(), r) for r in declared]
 
 
 def _write_binder_environment(app: Sphinx, out: Path) -> None:

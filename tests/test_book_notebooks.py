@@ -18,6 +18,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from dlperf.sphinxext import requirement_name
 from tests.test_book import markdown_notebooks, site_texts
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -168,7 +169,7 @@ def test_binder_installs_what_dlperf_declares(built_book):
     declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     binder = (built_book.html / "binder" / "requirements.txt").read_text()
     for requirement in declared:
-        name = re.split(r"[<>=!~\[ ;]", requirement, maxsplit=1)[0]
+        name = requirement_name(requirement)
         assert re.search(rf"^{re.escape(name)}\b", binder, re.M | re.I), name
 
 
@@ -183,8 +184,7 @@ def test_dlperf_declares_what_it_imports():
     import sys
     import tomllib
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    declared = {re.split(r"[<>=!~\[ ;]", r, maxsplit=1)[0].lower()
-                for r in project["dependencies"]}
+    declared = {requirement_name(r).lower() for r in project["dependencies"]}
     needed = set()
     for module in (ROOT / "dlperf").glob("*.py"):
         if module.name in BUILD_MODULES:
