@@ -10,12 +10,14 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: help setup book instructor-book gpu-status browser test clean
+.PHONY: help setup book instructor-book gpu-status gpu-kit browser test clean
 
 help:
 	@echo "make book             set up .venv (once) and build the book into _build/html, executing every chapter"
 	@echo "make instructor-book  the same book plus solutions and grading guide, into _build/instructor"
 	@echo "make gpu-status       on a GPU machine: run every chapter afresh and record it in status/gpu-runs.json"
+	@echo "make gpu-kit          download into _build/gpu-kit the wheels an offline GPU machine needs for"
+	@echo "                      scripts/gpu-run (the chapters, the grader and the GPU tests there)"
 	@echo "make test             set up .venv (once) and run the whole test suite (includes a real book build"
 	@echo "                      and a headless Chromium walking it; Chromium is installed with apt-get if missing)"
 	@echo "make clean            remove _build (the built book and the execution cache)"
@@ -46,6 +48,10 @@ instructor-book: setup
 gpu-status: setup
 	@echo "==> Running every chapter on this machine's GPU(s) and recording the runs in status/gpu-runs.json"
 	$(PY) -m dlperf.status record
+
+gpu-kit: setup
+	@echo "==> Downloading the wheels an offline GPU machine (Python 3.12, PyTorch 2.11) lacks"
+	$(PY) scripts/gpu_kit.py
 
 # Debian's chromium for tests/test_book_browser.py: installed with apt-get when missing and
 # possible (root or passwordless sudo); otherwise a warning, and that test is skipped.

@@ -50,12 +50,11 @@ from sphinx.transforms.post_transforms import SphinxPostTransform
 from sphinx.util import logging
 from sphinx.util.docutils import SphinxDirective
 
+from .status import environment
+
 LOGGER = logging.getLogger(__name__)
 ROOT = Path(__file__).resolve().parent.parent
 GPU_RUNS = Path("status") / "gpu-runs.json"   # relative to the book's source folder
-ENVIRONMENT_LINE = re.compile(
-    r"Run profile (?P<profile>.*); PyTorch (?P<torch>[^,]+), Python (?P<python>[^;]+); "
-    r"(?P<hardware>.+)")
 
 # The first cell of every published chapter notebook. In the course's own
 # environment dlperf is installed and the cell does nothing.
@@ -331,9 +330,9 @@ def record_run(app: Sphinx, doctree: nodes.document) -> None:
     runs = getattr(env, "dlperf_runs", {})
     runs.pop(env.docname, None)
     if data:
-        found = None
+        found = {}
         for node in doctree.findall(nodes.literal_block):
-            found = ENVIRONMENT_LINE.search(node.astext())
+            found = environment(node.astext())
             if found:
                 break
         title = env.titles.get(env.docname)
@@ -344,7 +343,7 @@ def record_run(app: Sphinx, doctree: nodes.document) -> None:
                        if data.get("mtime") else None),
             "seconds": round(data["runtime"], 1) if data.get("runtime") is not None else None,
             "succeeded": bool(data.get("succeeded")),
-            **({key: value.strip() for key, value in found.groupdict().items()} if found else {}),
+            **found,
         }
     env.dlperf_runs = runs
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -25,6 +26,16 @@ from typing import Any, Dict, List, Optional
 ROOT = Path(__file__).resolve().parent.parent
 GPU_RUNS = ROOT / "status" / "gpu-runs.json"
 FOLDER = ROOT / "_build" / "gpu-status"
+# The line each page's first cell prints (dlperf.environment_line), read back into a run's record.
+ENVIRONMENT_LINE = re.compile(
+    r"Run profile (?P<profile>.*); PyTorch (?P<torch>[^,]+), Python (?P<python>[^;]+); "
+    r"(?P<hardware>.+)")
+
+
+def environment(text: str) -> Dict[str, str]:
+    """profile, torch, python and hardware from the first environment line in ``text``."""
+    found = ENVIRONMENT_LINE.search(text)
+    return {key: value.strip() for key, value in found.groupdict().items()} if found else {}
 
 
 def merge_runs(recorded: List[Dict[str, Any]], new: List[Dict[str, Any]]) -> List[Dict[str, Any]]:

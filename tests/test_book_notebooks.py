@@ -18,7 +18,6 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from dlperf.sphinxext import requirement_name
 from tests.test_book import markdown_notebooks, site_texts
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -166,6 +165,8 @@ def test_the_solution_check_finds_a_copied_solution(tmp_path):
 
 def test_binder_installs_what_dlperf_declares(built_book):
     import tomllib
+
+    from dlperf.sphinxext import requirement_name
     declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     binder = (built_book.html / "binder" / "requirements.txt").read_text()
     for requirement in declared:
@@ -183,6 +184,8 @@ def test_dlperf_declares_what_it_imports():
     import ast
     import sys
     import tomllib
+
+    from dlperf.sphinxext import requirement_name
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     declared = {requirement_name(r).lower() for r in project["dependencies"]}
     needed = set()

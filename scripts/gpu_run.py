@@ -1,0 +1,323 @@
+#!/usr/bin/env python3
+"""``scripts/gpu-run``: the whole course on a lent GPU machine, in one command, within a budget.
+
+Such a machine has Python 3.12 with PyTorch, no network and a few minutes for us. This script
+installs the kit that ``make gpu-kit`` made (``pip install --no-index --no-deps --target``),
+then runs, each step timed and logged, with what is left of the time budget:
+
+1. ``pytest -m gpu``: every GPU-marked test;
+2. every chapter, executed with papermill in the chosen profile (``full`` by default);
+3. every assignment's solution, unedited release and wrong submissions
+   (``tests/wrong_submissions``) graded by ``python -m autograder grade`` on the GPU, each score
+   compared with the points that case must lose there;
+4. the chapters' runs on a GPU added to ``status/gpu-runs.json`` (what the status page shows).
+
+Everything worth keeping lands in one folder (``--out``), at most 8 files: ``gpu-run.log``,
+``summary.json`` (every step, its time and outcome), ``pytest-gpu.xml``, ``chapters.zip`` (the
+executed notebooks), ``grading.json`` and ``gpu-runs.json``. It imports nothing but the standard
+library before the kit is installed, and exits 1 if any step failed. On a machine without a GPU
+it runs the same steps on the CPU (the GPU tests skip), which is how CI proves the kit.
+
+    scripts/gpu-run [--out FOLDER] [--profile full|quick] [--budget SECONDS]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ElementTree
+import zipfile
+from datetime import datetime, timezone
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+KIT = ROOT / "_build" / "gpu-kit"
+# The machines stop a command after 10 minutes; leave a minute for starting and copying back.
+BUDGET = 540.0
+# Time kept back for the steps after the chapters, which take minutes where chapters can take all.
+GRADING_RESERVE = 150.0
+FILE_LIMIT = 16 * 2**20
+
+
+class Run:
+    """The run's log, its clock and its summary."""
+
+    def __init__(self, out: Path, budget: float):
+        self.out, self.budget, self.started = out, budget, time.monotonic()
+        self.log = (out / "gpu-run.log").open("w", buffering=1)
+        self.steps: list = []
+
+    def left(self) -> float:
+        return self.budget - (time.monotonic() - self.started)
+
+    def say(self, text: str) -> None:
+        line = f"[{time.monotonic() - self.started:6.1f} s] {text}"
+        print(line, flush=True)
+        self.log.write(line + "\n")
+
+    def command(self, args, *, timeout: float, env=None, cwd=ROOT):
+        """Run a command, its output into the log; (return code or None on timeout, output)."""
+        self.say("$ " + " ".join(str(a) for a in args))
+        try:
+            done = subprocess.run([str(a) for a in args], capture_output=True, text=True,
+                                  timeout=max(timeout, 1), env=env, cwd=cwd)
+        except subprocess.TimeoutExpired as stopped:
+            output = _text(stopped.stdout) + _text(stopped.stderr)
+            self.log.write(output[-20000:] + f"\n(stopped after {timeout:.0f} s)\n")
+            return None, output
+        output = done.stdout + done.stderr
+        self.log.write(output[-20000:] + "\n")
+        return done.returncode, output
+
+    def step(self, name: str, outcome: str, started: float, **details) -> dict:
+        record = {"step": name, "outcome": outcome,
+                  "seconds": round(time.monotonic() - started, 1), **details}
+        self.steps.append(record)
+        self.say(f"{name}: {outcome} in {record['seconds']} s")
+        return record
+
+
+def _text(data) -> str:
+    return data.decode(errors="replace") if isinstance(data, bytes) else (data or "")
+
+
+def install(run: Run, kit: Path, site: Path) -> dict:
+    started = time.monotonic()
+    wheels = sorted(kit.glob("*.whl"))
+    if not wheels:
+        return run.step("install", "failed", started,
+                        error=f"no wheels in {kit}: run `make gpu-kit` on a machine with a network "
+                              f"first, and carry {kit.relative_to(ROOT)} along")
+    code, output = run.command([sys.executable, "-m", "pip", "install", "--quiet", "--no-index",
+                                "--no-deps", "--upgrade", "--target", site, *wheels],
+                               timeout=min(180, run.left()))
+    if code != 0:
+        return run.step("install", "failed", started, error=output[-2000:])
+    code, output = run.command([sys.executable, "-c", "import papermill, jupytext, ipykernel, "
+                                "nbclient, nbformat, d2l, torch; print(torch.__version__)"],
+                               timeout=120, env=environment(site))
+    return run.step("install", "passed" if code == 0 else "failed", started, wheels=len(wheels),
+                    **({} if code == 0 else {"error": output[-2000:]}))
+
+
+def environment(site: Path, **extra) -> dict:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(ROOT)]),
+           "PATH": os.pathsep.join([str(site / "bin"), os.environ.get("PATH", "")]),
+           "DLPERF_DATA": "synthetic",  # no network there: never wait on a download
+           "PYTHONUNBUFFERED": "1", **extra}
+    env.pop("VIRTUAL_ENV", None)
+    return env
+
+
+def gpu_tests(run: Run, site: Path) -> dict:
+    started, report = time.monotonic(), run.out / "pytest-gpu.xml"
+    code, output = run.command([sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p",
+                                "no:cacheprovider", "-W", "ignore", f"--junitxml={report}",
+                                "tests"], timeout=min(240, run.left() - GRADING_RESERVE),
+                               env=environment(site))
+    counts = junit_counts(report)
+    if code is None:
+        outcome = "out of time"
+    else:  # pytest: 0 all passed, 5 nothing collected (no GPU-marked test ran)
+        outcome = "passed" if code in (0, 5) else "failed"
+    return run.step("pytest -m gpu", outcome, started, exit_code=code, **counts)
+
+
+def junit_counts(report: Path) -> dict:
+    if not report.exists():
+        return {}
+    root = ElementTree.parse(report).getroot()
+    suite = root if root.tag == "testsuite" else root.find("testsuite")
+    counts = {key: int(suite.get(key, 0)) for key in ("tests", "failures", "errors", "skipped")}
+    counts["passed"] = counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"]
+    return counts
+
+
+def chapters() -> list:
+    """The chapters in the book's order (_toc.yml)."""
+    return re.findall(r"^\s*- file: (chapters/[\w-]+)\s*$", (ROOT / "_toc.yml").read_text(),
+                      re.MULTILINE)
+
+
+def title(page: str) -> str:
+    found = re.search(r"^# (.+)$", (ROOT / f"{page}.md").read_text(), re.MULTILINE)
+    return found.group(1).strip() if found else page
+
+
+def run_chapters(run: Run, site: Path, profile: str, hardware: dict) -> tuple:
+    """Execute every chapter; (the step's record, the runs for the status page)."""
+    from dlperf.status import environment as environment_of  # stdlib only, with dlperf's torch
+
+    started, runs, results = time.monotonic(), [], []
+    work = Path(tempfile.mkdtemp(prefix="gpu-run-chapters-"))
+    env = environment(site, DLPERF_PROFILE=profile)
+    archive = zipfile.ZipFile(run.out / "chapters.zip", "w", zipfile.ZIP_DEFLATED)
+    for page in chapters():
+        name = page.split("/")[-1]
+        left = run.left() - GRADING_RESERVE
+        if left < 20:
+            results.append({"page": page, "outcome": "not run: out of time"})
+            run.say(f"{page}: not run, out of time")
+            continue
+        source, executed = work / f"{name}.ipynb", work / f"{name}.executed.ipynb"
+        code, _ = run.command([sys.executable, "-m", "jupytext", "--to", "ipynb", "--output",
+                               source, ROOT / f"{page}.md"], timeout=60, env=env)
+        began, ran_at = time.monotonic(), datetime.now(timezone.utc).isoformat(timespec="seconds")
+        if code == 0:
+            code, _ = run.command([sys.executable, "-m", "papermill", source, executed,
+                                   "--cwd", work, "-k", "python3", "--no-progress-bar"],
+                                  timeout=left, env=env)
+        seconds = round(time.monotonic() - began, 1)
+        outcome = {0: "passed", None: "out of time"}.get(code, "failed")
+        results.append({"page": page, "outcome": outcome, "seconds": seconds})
+        run.say(f"{page}: {outcome} in {seconds} s")
+        if executed.exists():
+            archive.write(executed, f"{name}.ipynb")
+            text = executed.read_text()
+            runs.append({"page": page, "title": title(page), "ran_at": ran_at,
+                         "seconds": seconds, "succeeded": code == 0, **environment_of(text),
+                         **hardware})
+    archive.close()
+    failed = [r["page"] for r in results if r["outcome"] != "passed"]
+    record = run.step("chapters", "passed" if not failed else "failed", started, profile=profile,
+                      chapters=results)
+    return record, runs
+
+
+def grade_assignments(run: Run, site: Path, device: str) -> dict:
+    """Grade each assignment's cases on ``device``; compare with tests/wrong_submissions."""
+    import nbformat
+    from tests.assignments import (ASSIGNMENTS, EXERCISES, SOLUTIONS, WRONG, expected_losses,
+                                   hand_in, load_wrong, submission)
+
+    started, cases_out = time.monotonic(), []
+    work = Path(tempfile.mkdtemp(prefix="gpu-run-grading-"))
+    cuda = device == "cuda"
+    for assignment, notebook in ASSIGNMENTS.items():
+        expected = {"solution": {}, "unedited": None}  # None: every point lost
+        cases = {"solution": nbformat.read(SOLUTIONS / assignment / f"{notebook}.ipynb", 4),
+                 "unedited": nbformat.read(EXERCISES / assignment / f"{notebook}.ipynb", 4)}
+        for path in WRONG:
+            case = load_wrong(path)
+            if case["assignment"] == assignment:
+                cases[case["student"]] = submission(assignment, case["answers"])
+                expected[case["student"]] = expected_losses(case, cuda)
+        submitted, out = work / assignment / "submitted", work / assignment / "out"
+        hand_in(submitted, assignment, cases)
+        if run.left() < 30:
+            cases_out.append({"assignment": assignment, "outcome": "not run: out of time"})
+            continue
+        code, output = run.command([sys.executable, "-m", "autograder", "grade", submitted,
+                                    "--assignment", assignment, "--out", out, "--device", device,
+                                    "--no-progress"], timeout=run.left() - 10,
+                                   env=environment(site))
+        for student, losses in expected.items():
+            path = out / student / assignment / f"{notebook}.results.json"
+            cases_out.append(judge_case(assignment, student, losses, path, code))
+    (run.out / "grading.json").write_text(json.dumps({"device": device, "cases": cases_out},
+                                                      indent=2) + "\n")
+    failed = [c for c in cases_out if c["outcome"] != "as expected"]
+    return run.step("grading", "passed" if not failed else "failed", started, device=device,
+                    cases=cases_out)
+
+
+def judge_case(assignment: str, student: str, losses, results: Path, code) -> dict:
+    """Did this case lose exactly the points it should (``losses``; None: all of them)?"""
+    case = {"assignment": assignment, "student": student}
+    if not results.exists():
+        return {**case, "outcome": "not graded", "grader_exit": code}
+    result = json.loads(results.read_text())
+    counted = {t["name"]: (t["score"], t["extra_data"]["points"]) for t in result["tests"]
+               if t["extra_data"]["outcome"] not in ("skipped", "manual")}
+    lost = {name: points - score for name, (score, points) in counted.items() if score != points}
+    wanted = ({name: points for name, (_, points) in counted.items()} if losses is None
+              else {name: points for name, points in losses.items() if points})
+    return {**case, "score": result["score"], "max_score": result.get("max_score"),
+            "lost": lost, "expected_lost": wanted,
+            "outcome": "as expected" if lost == wanted else "unexpected"}
+
+
+def hardware_facts() -> dict:
+    """What a GPU run's record says beyond the page's own line: driver and CUDA versions."""
+    import torch
+    facts = {}
+    if torch.cuda.is_available():
+        facts["cuda"] = torch.version.cuda
+        try:
+            done = subprocess.run(["nvidia-smi", "--query-gpu=driver_version",
+                                   "--format=csv,noheader"], capture_output=True, text=True,
+                                  timeout=30)
+            if done.returncode == 0 and done.stdout.strip():
+                facts["driver"] = done.stdout.strip().splitlines()[0]
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    return facts
+
+
+def record_gpu_runs(run: Run, runs: list) -> dict:
+    from dlperf.status import GPU_RUNS, gpu_runs, merge_runs
+
+    started = time.monotonic()
+    new = gpu_runs(runs)
+    recorded = json.loads(GPU_RUNS.read_text())["runs"] if GPU_RUNS.exists() else []
+    merged = {"runs": merge_runs(recorded, new)}
+    text = json.dumps(merged, indent=2) + "\n"
+    (run.out / "gpu-runs.json").write_text(text)
+    if new:
+        GPU_RUNS.write_text(text)
+    return run.step("status page", "passed", started, gpu_runs=len(new),
+                    note=("copy gpu-runs.json to status/ and commit it" if new else
+                          "no chapter ran on a GPU: status/gpu-runs.json left as it was"))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or
+                                                         ROOT / "_build" / "gpu-run"),
+                        help="where the results go (default: $OUT, else _build/gpu-run)")
+    parser.add_argument("--kit", type=Path, default=KIT, help=f"the wheels (default {KIT})")
+    parser.add_argument("--site", type=Path, default=Path(tempfile.gettempdir()) / "dlperf-kit",
+                        help="where the kit is installed (default: /tmp/dlperf-kit)")
+    parser.add_argument("--profile", choices=("full", "quick"), default="full")
+    parser.add_argument("--budget", type=float, default=BUDGET,
+                        help=f"seconds for all steps together (default {BUDGET:.0f})")
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    run = Run(args.out, args.budget)
+    run.say(f"scripts/gpu-run: profile {args.profile}, budget {args.budget:.0f} s, "
+            f"Python {sys.version.split()[0]}, results in {args.out}")
+    steps = [install(run, args.kit, args.site)]
+    if steps[0]["outcome"] == "passed":
+        sys.path[:0] = [str(args.site), str(ROOT)]
+        import torch
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        hardware = hardware_facts()
+        run.say(f"PyTorch {torch.__version__} on {device}"
+                + (f" ({torch.cuda.get_device_name(0)}, driver {hardware.get('driver')})"
+                   if device == "cuda" else ""))
+        steps.append(gpu_tests(run, args.site))
+        chapter_step, runs = run_chapters(run, args.site, args.profile, hardware)
+        steps.append(chapter_step)
+        steps.append(grade_assignments(run, args.site, device))
+        steps.append(record_gpu_runs(run, runs))
+    ok = all(step["outcome"] == "passed" for step in steps)
+    summary = {"ok": ok, "profile": args.profile, "budget_s": args.budget,
+               "seconds": round(time.monotonic() - run.started, 1), "python": sys.version.split()[0],
+               "steps": steps}
+    (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    run.say(f"{'all steps passed' if ok else 'some steps failed'}; "
+            f"summary in {args.out / 'summary.json'}")
+    run.log.close()
+    too_big = [p.name for p in args.out.iterdir() if p.stat().st_size > FILE_LIMIT]
+    if too_big:
+        print(f"warning: over {FILE_LIMIT // 2**20} MiB, will not come back: {too_big}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,59 @@
+"""The parts of scripts/gpu-run that judge what ran (the whole run: tests/test_gpu_kit.py)."""
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+import gpu_run  # noqa: E402  (scripts/ is no package)
+
+
+def results(tmp_path: Path, scores: dict, skipped=()) -> Path:
+    tests = [{"name": name, "score": score,
+              "extra_data": {"points": points,
+                             "outcome": "skipped" if name in skipped else "graded"}}
+             for name, (score, points) in scores.items()]
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps({"score": sum(s for s, _ in scores.values()), "tests": tests}))
+    return path
+
+
+def test_a_case_is_as_expected_only_when_it_loses_exactly_its_points(tmp_path):
+    path = results(tmp_path, {"visible": (2, 2), "hidden": (0, 3), "gpu": (0, 2)},
+                   skipped={"gpu"})
+    assert gpu_run.judge_case("a", "s", {"hidden": 3}, path, 0)["outcome"] == "as expected"
+    assert gpu_run.judge_case("a", "s", {"hidden": 2}, path, 0)["outcome"] == "unexpected"
+    assert gpu_run.judge_case("a", "s", {}, path, 0)["outcome"] == "unexpected"
+    # zero losses listed for a cell change nothing; a skipped GPU test is not a loss
+    assert gpu_run.judge_case("a", "s", {"hidden": 3, "visible": 0}, path, 0)["outcome"] \
+        == "as expected"
+
+
+def test_the_unedited_release_must_lose_every_counted_point(tmp_path):
+    lost_all = results(tmp_path, {"visible": (0, 2), "hidden": (0, 3)})
+    assert gpu_run.judge_case("a", "u", None, lost_all, 0)["outcome"] == "as expected"
+    kept_one = results(tmp_path, {"visible": (2, 2), "hidden": (0, 3)})
+    assert gpu_run.judge_case("a", "u", None, kept_one, 0)["outcome"] == "unexpected"
+
+
+def test_a_case_the_grader_never_wrote_is_not_graded(tmp_path):
+    case = gpu_run.judge_case("a", "s", {}, tmp_path / "missing.json", 1)
+    assert case["outcome"] == "not graded" and case["grader_exit"] == 1
+
+
+def test_junit_counts_read_pytests_report(tmp_path):
+    report = tmp_path / "report.xml"
+    report.write_text('<?xml version="1.0"?><testsuites><testsuite name="pytest" tests="5" '
+                      'failures="1" errors="0" skipped="3"></testsuite></testsuites>')
+    assert gpu_run.junit_counts(report) == {"tests": 5, "failures": 1, "errors": 0,
+                                            "skipped": 3, "passed": 1}
+    assert gpu_run.junit_counts(tmp_path / "none.xml") == {}
+
+
+def test_chapters_come_in_the_books_order():
+    toc = re.findall(r"- file: (chapters/[\w-]+)", (ROOT / "_toc.yml").read_text())
+    assert gpu_run.chapters() == toc and toc
+    assert gpu_run.title("chapters/hybridize").startswith("Compilers")
