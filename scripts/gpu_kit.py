@@ -29,7 +29,11 @@ LIMIT_MIB = 60
 # What the kit is for. Versions come from the course's requirements files, so the kit runs
 # what CI tests: executing chapters (papermill, jupytext for the .md pages, ipykernel), the
 # autograder (papermill, nbclient, nbformat, ipykernel) and the tests' own imports (nbformat).
-NEEDED = ["papermill", "jupytext", "ipykernel", "nbclient", "nbformat"]
+NEEDED = ["papermill", "jupytext", "ipykernel", "nbclient", "nbformat", "nbgrader"]
+# nbgrader's preprocessors make the graded view of a source notebook (autograder.layout).
+# Its web front end (JupyterLab and widgets, 30 MiB) is never imported by grading: not carried.
+NOT_CARRIED = ["jupyterlab", "jupyterlab-server", "babel", "json5", "jupyter-lsp", "async-lru",
+               "jupyter-builder", "widgetsnbextension", "jupyterlab-widgets", "ipywidgets"]
 NEEDED_WITHOUT_DEPS = ["d2l"]  # its exact pins would pull numpy 1.23 (requirements-nodeps.txt)
 
 # The packages of the machines' image ('cuda'), as /work/.library/device/KINDS.md listed them
@@ -115,8 +119,9 @@ def plan():
     with tempfile.TemporaryDirectory() as scratch:
         wanted = resolve(pinned(NEEDED), Path(scratch))
         wanted += resolve(["--no-deps", *pinned(NEEDED_WITHOUT_DEPS)], Path(scratch))
+    left_out = machine | {normalize(name) for name in NOT_CARRIED}
     kit = {normalize(name): (name, version) for name, version in wanted
-           if normalize(name) not in machine}
+           if normalize(name) not in left_out}
     relied_on = {normalize(name) for name, _ in wanted} & machine
     return sorted(kit.values(), key=lambda item: normalize(item[0])), sorted(relied_on)
 

@@ -18,7 +18,7 @@ executed notebooks), ``grading.json`` and ``gpu-runs.json``. It imports nothing 
 library before the kit is installed, and exits 1 if any step failed. On a machine without a GPU
 it runs the same steps on the CPU (the GPU tests skip), which is how CI proves the kit.
 
-    scripts/gpu-run [--out FOLDER] [--profile full|quick] [--budget SECONDS]
+    scripts/gpu-run [--out FOLDER] [--profile full|quick] [--budget SECONDS] [--steps tests,...]
 """
 from __future__ import annotations
 
@@ -42,6 +42,7 @@ BUDGET = 540.0
 # Time kept back for the steps after the chapters, which take minutes where chapters can take all.
 GRADING_RESERVE = 150.0
 FILE_LIMIT = 16 * 2**20
+STEPS = ("tests", "chapters", "grading")  # the status records come with the chapters
 
 
 class Run:
@@ -218,7 +219,7 @@ def grade_assignments(run: Run, site: Path, device: str) -> dict:
                                    env=environment(site))
         for student, losses in expected.items():
             path = out / student / assignment / f"{notebook}.results.json"
-            cases_out.append(judge_case(assignment, student, losses, path, code))
+            cases_out.append(judge_case(assignment, student, losses, path, code, cuda))
     (run.out / "grading.json").write_text(json.dumps({"device": device, "cases": cases_out},
                                                       indent=2) + "\n")
     failed = [c for c in cases_out if c["outcome"] != "as expected"]
@@ -226,20 +227,27 @@ def grade_assignments(run: Run, site: Path, device: str) -> dict:
                     cases=cases_out)
 
 
-def judge_case(assignment: str, student: str, losses, results: Path, code) -> dict:
-    """Did this case lose exactly the points it should (``losses``; None: all of them)?"""
+def judge_case(assignment: str, student: str, losses, results: Path, code, cuda: bool) -> dict:
+    """Did this case lose exactly the points it should (``losses``; None: all of them)?
+
+    As the course's grader does: GPU-only tests (``*_gpu``) run where CUDA is, and are skipped,
+    neither scored nor in the maximum, where it is not; no other test may be skipped.
+    """
     case = {"assignment": assignment, "student": student}
     if not results.exists():
         return {**case, "outcome": "not graded", "grader_exit": code}
     result = json.loads(results.read_text())
     counted = {t["name"]: (t["score"], t["extra_data"]["points"]) for t in result["tests"]
                if t["extra_data"]["outcome"] not in ("skipped", "manual")}
+    skipped = sorted(t["name"] for t in result["tests"] if t["extra_data"]["outcome"] == "skipped")
+    should_skip = sorted(t["name"] for t in result["tests"]
+                         if t["name"].endswith("_gpu") and not cuda)
     lost = {name: points - score for name, (score, points) in counted.items() if score != points}
     wanted = ({name: points for name, (_, points) in counted.items()} if losses is None
-              else {name: points for name, points in losses.items() if points})
-    return {**case, "score": result["score"], "max_score": result.get("max_score"),
-            "lost": lost, "expected_lost": wanted,
-            "outcome": "as expected" if lost == wanted else "unexpected"}
+              else {name: points for name, points in losses.items() if points and name in counted})
+    right = lost == wanted and skipped == should_skip
+    return {**case, "score": result["score"], "lost": lost, "expected_lost": wanted,
+            "skipped": skipped, "outcome": "as expected" if right else "unexpected"}
 
 
 def hardware_facts() -> dict:
@@ -286,7 +294,13 @@ def main(argv=None) -> int:
     parser.add_argument("--profile", choices=("full", "quick"), default="full")
     parser.add_argument("--budget", type=float, default=BUDGET,
                         help=f"seconds for all steps together (default {BUDGET:.0f})")
+    parser.add_argument("--steps", default=",".join(STEPS),
+                        help=f"which steps to run after the install (default: all, {','.join(STEPS)})")
     args = parser.parse_args(argv)
+    steps_wanted = [step.strip() for step in args.steps.split(",") if step.strip()]
+    unknown = sorted(set(steps_wanted) - set(STEPS))
+    if unknown:
+        parser.error(f"unknown step(s) {unknown}; the steps are {', '.join(STEPS)}")
     args.out.mkdir(parents=True, exist_ok=True)
     run = Run(args.out, args.budget)
     run.say(f"scripts/gpu-run: profile {args.profile}, budget {args.budget:.0f} s, "
@@ -300,11 +314,15 @@ def main(argv=None) -> int:
         run.say(f"PyTorch {torch.__version__} on {device}"
                 + (f" ({torch.cuda.get_device_name(0)}, driver {hardware.get('driver')})"
                    if device == "cuda" else ""))
-        steps.append(gpu_tests(run, args.site))
-        chapter_step, runs = run_chapters(run, args.site, args.profile, hardware)
-        steps.append(chapter_step)
-        steps.append(grade_assignments(run, args.site, device))
-        steps.append(record_gpu_runs(run, runs))
+        if "tests" in steps_wanted:
+            steps.append(gpu_tests(run, args.site))
+        if "chapters" in steps_wanted:
+            chapter_step, runs = run_chapters(run, args.site, args.profile, hardware)
+            steps.append(chapter_step)
+        if "grading" in steps_wanted:
+            steps.append(grade_assignments(run, args.site, device))
+        if "chapters" in steps_wanted:
+            steps.append(record_gpu_runs(run, runs))
     ok = all(step["outcome"] == "passed" for step in steps)
     summary = {"ok": ok, "profile": args.profile, "budget_s": args.budget,
                "seconds": round(time.monotonic() - run.started, 1), "python": sys.version.split()[0],

@@ -22,25 +22,32 @@ def results(tmp_path: Path, scores: dict, skipped=()) -> Path:
 
 
 def test_a_case_is_as_expected_only_when_it_loses_exactly_its_points(tmp_path):
-    path = results(tmp_path, {"visible": (2, 2), "hidden": (0, 3), "gpu": (0, 2)},
-                   skipped={"gpu"})
-    assert gpu_run.judge_case("a", "s", {"hidden": 3}, path, 0)["outcome"] == "as expected"
-    assert gpu_run.judge_case("a", "s", {"hidden": 2}, path, 0)["outcome"] == "unexpected"
-    assert gpu_run.judge_case("a", "s", {}, path, 0)["outcome"] == "unexpected"
-    # zero losses listed for a cell change nothing; a skipped GPU test is not a loss
-    assert gpu_run.judge_case("a", "s", {"hidden": 3, "visible": 0}, path, 0)["outcome"] \
-        == "as expected"
+    path = results(tmp_path, {"visible": (2, 2), "hidden": (0, 3), "x_gpu": (0, 2)},
+                   skipped={"x_gpu"})
+    judge = lambda losses: gpu_run.judge_case("a", "s", losses, path, 0, cuda=False)["outcome"]
+    assert judge({"hidden": 3}) == "as expected"
+    assert judge({"hidden": 2}) == judge({}) == "unexpected"
+    # zero losses listed change nothing; a GPU test skipped without CUDA loses nothing
+    assert judge({"hidden": 3, "visible": 0}) == judge({"hidden": 3, "x_gpu": 2}) == "as expected"
+
+
+def test_only_gpu_tests_may_be_skipped_and_only_without_cuda(tmp_path):
+    gpu_skipped = results(tmp_path, {"hidden": (3, 3), "x_gpu": (0, 2)}, skipped={"x_gpu"})
+    assert gpu_run.judge_case("a", "s", {}, gpu_skipped, 0, cuda=True)["outcome"] == "unexpected"
+    other_skipped = results(tmp_path, {"hidden": (0, 3), "x_gpu": (0, 2)}, skipped={"hidden"})
+    assert gpu_run.judge_case("a", "s", {"x_gpu": 2}, other_skipped, 0, cuda=True)["outcome"] \
+        == "unexpected"
 
 
 def test_the_unedited_release_must_lose_every_counted_point(tmp_path):
     lost_all = results(tmp_path, {"visible": (0, 2), "hidden": (0, 3)})
-    assert gpu_run.judge_case("a", "u", None, lost_all, 0)["outcome"] == "as expected"
+    assert gpu_run.judge_case("a", "u", None, lost_all, 0, cuda=True)["outcome"] == "as expected"
     kept_one = results(tmp_path, {"visible": (2, 2), "hidden": (0, 3)})
-    assert gpu_run.judge_case("a", "u", None, kept_one, 0)["outcome"] == "unexpected"
+    assert gpu_run.judge_case("a", "u", None, kept_one, 0, cuda=True)["outcome"] == "unexpected"
 
 
 def test_a_case_the_grader_never_wrote_is_not_graded(tmp_path):
-    case = gpu_run.judge_case("a", "s", {}, tmp_path / "missing.json", 1)
+    case = gpu_run.judge_case("a", "s", {}, tmp_path / "missing.json", 1, cuda=False)
     assert case["outcome"] == "not graded" and case["grader_exit"] == 1
 
 
