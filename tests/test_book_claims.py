@@ -90,6 +90,42 @@ def _d2l(change):
     return rule
 
 
+def _pm_roof(key):
+    """performance-model: a point at most 25% above its roof counts as under it."""
+    return lambda v: ("under the roofline, allowing 25% for noise" if v[f"{key}_share"] <= 125
+                      else "above the roofline by more than the 25% allowed")
+
+
+def _pm_side(intensity):
+    """performance-model: the side of the measured ridge point (with the bandwidth of the
+    streaming kernels timed alongside) that a counted intensity lies on."""
+    return lambda v: ("left of the ridge, memory-bound" if v[intensity] < v["roof_ridge"]
+                      else "right of the ridge, compute-bound")
+
+
+def _pm_ridge(v):
+    r = v["ridge_ratio"]
+    if math.isnan(r):
+        return ("cannot be compared with a datasheet ridge point, because there is no "
+                "datasheet entry for this device")
+    if 0.75 <= r <= 1.25:
+        return "was close to the datasheet's (within 25%)"
+    return ("was more than 25% below the datasheet's" if r < 0.75
+            else "was more than 25% above the datasheet's")
+
+
+def _pm_gelu_bound(v):
+    if v["gelu_speedup"] >= 0.8 * v["gelu_roof_ratio"]:
+        return "reached at least 80% of the predicted gain"
+    if v["gelu_speedup"] >= 1.1:
+        return "was faster, but by less than 80% of the predicted gain"
+    return "gained less than 10%, far less than predicted"
+
+
+_PM = "chapters/performance-model"
+_PM_POINTS = ("add", "add_new", "tanh", "gelu_eager", "gelu_compiled")
+
+
 # (page, glued verdict, rule from the page's numbers, whether the verdict is a prefix)
 CLAIMS = [
     ("chapters/hybridize", "mlp_verdict",
@@ -122,6 +158,95 @@ CLAIMS = [
      False),
     *[("chapters/multiple-gpus-concise", f"d2l_verdict_{change}", _d2l(change), False)
       for change in ("init", "batch", "steps", "state", "total")],
+    ("chapters/performance-model", "ridge_verdict", _pm_ridge, False),
+    *[(_PM, f"{key}_roof_verdict", _pm_roof(key), False) for key in _PM_POINTS],
+    *[(_PM, f"{key}_side_verdict", _pm_side(f"{key}_point_intensity"), False)
+      for key in _PM_POINTS],
+    (_PM, "matmul_roof_verdict",
+     lambda v: ("all under the roofline, allowing 25% for noise" if v["matmul_max_share"] <= 125
+                else "not all under the roofline: at least one is more than 25% above it"), False),
+    (_PM, "small_side_verdict", _pm_side("small_intensity"), False),
+    (_PM, "large_side_verdict", _pm_side("large_intensity"), False),
+    (_PM, "gelu_bound_verdict", _pm_gelu_bound, False),
+    (_PM, "timer_verdict",
+     lambda v: "agree within 20%" if abs(v["timer_ratio"] - 1) <= 0.20 else "differ by more than 20%",
+     False),
+]
+
+
+def _prof_step(v):
+    """profiling: compiled against eager training step, fastest runs, 10% either way."""
+    s = v["step_speedup"]
+    if abs(s - 1) <= 0.10:
+        return "about as fast as the eager step (within 10%)"
+    return "faster than the eager step" if s > 1 else "slower than the eager step"
+
+
+def _prof_products(v):
+    found = v["compiled_products"]
+    return "calls " + " and ".join(found) if found else "calls neither aten::mm nor aten::addmm"
+
+
+_PROF = "chapters/profiling"
+CLAIMS += [
+    (_PROF, "step_verdict", _prof_step, False),
+    (_PROF, "fewer_ops_verdict",
+     lambda v: "fewer" if v["compiled_aten_calls"] < v["eager_aten_calls"] else "no fewer", False),
+    (_PROF, "fused_verdict",
+     lambda v: ("none of them is called" if v["fused_still_called"] == 0
+                else f"{v['fused_still_called']} of the 4 are still called"), False),
+    (_PROF, "products_verdict", _prof_products, False),
+    (_PROF, "self_check_verdict", lambda v: "agree" if v["self_gap_pct"] <= 1.0 else "disagree", False),
+    (_PROF, "label_verdict",
+     lambda v: ("at least 90% of it was spent in the operators under the label"
+                if v["forward_self_share"] <= 10
+                else "more than 10% of it was spent outside any recorded operator"), False),
+    (_PROF, "overhead_verdict",
+     lambda v: ("more than 10% slower under the profiler" if v["eager_overhead"] > 1.10
+                else "within 10% of its unprofiled time"), False),
+    (_PROF, "sync_verdict",
+     lambda v: "found none" if v["sync_calls_total"] == 0 else f"found {v['sync_calls_total']}",
+     False),
+]
+
+def _mp_time(ratio_name, faster, slower, same, inverse=False):
+    """memory-precision: a time ratio against 10% either way (speedup, or time ratio if inverse)."""
+    def rule(v):
+        r = v[ratio_name]
+        speedup = 1 / r if inverse else r
+        if speedup >= 1.10:
+            return faster
+        if speedup <= 1 / 1.10:
+            return slower
+        return same
+    return rule
+
+
+_MP = "chapters/memory-precision"
+CLAIMS += [
+    (_MP, "act_states_verdict", lambda v: "more than" if v["act_share"] > 1 else "less than", False),
+    (_MP, "states_verdict",
+     lambda v: ("the same" if v["states_gap"] <= 0.01 * v["fp32_bytes_per_param"]
+                else "different"), False),
+    (_MP, "autocast_verdict",
+     _mp_time("autocast_speedup", "faster than float32", "slower than float32",
+              "about as fast as float32 (within 10%)"), False),
+    (_MP, "autocast_act_verdict", lambda v: "less" if v["act_ratio"] < 1 else "not less", False),
+    (_MP, "precision_verdict",
+     lambda v: "below" if max(v["output_error"], v["grad_error"]) < v["bf16_eps"] else "above",
+     False),
+    (_MP, "tf32_verdict",
+     _mp_time("tf32_speedup", 'allowing TF32 was faster', 'allowing TF32 was slower',
+              "the two settings took about the same time (within 10%)"), False),
+    (_MP, "tf32_same_verdict", lambda v: "identical" if v["tf32_max_diff"] == 0 else "different",
+     False),
+    (_MP, "accum_time_verdict",
+     _mp_time("accum_time_ratio", "took less time than one batch", "took longer than one batch",
+              "took about as long as one batch (within 10%)", inverse=True), False),
+    (_MP, "ckpt_time_verdict",
+     _mp_time("ckpt_time_ratio", "faster than keeping the activations",
+              "slower than keeping the activations",
+              "about as fast as keeping the activations (within 10%)", inverse=True), False),
 ]
 
 # Counted facts the pages state (not measurements: they hold on any machine).
@@ -130,7 +255,38 @@ FACTS = [
     ("chapters/parameter-server", "ring_vectors_sent", lambda v: 2 * (4 - 1) / 4),
     ("chapters/parameter-server", "ring_vectors_sent_2", lambda v: 2 * (2 - 1) / 2),
     ("chapters/parameter-server", "ring_vectors_sent_16", lambda v: 2 * (16 - 1) / 16),
+    ("chapters/performance-model", "add_intensity", lambda v: 1 / 12),
+    ("chapters/performance-model", "gelu_flops_per_element", lambda v: 8),
+    ("chapters/performance-model", "gelu_eager_bytes_per_element", lambda v: 72),
+    ("chapters/performance-model", "gelu_fused_bytes_per_element", lambda v: 8),
+    ("chapters/performance-model", "h100_bf16_ridge", lambda v: 989.5 / 3.35),
 ]
+
+FACTS += [(_MP, name, lambda v, b=b: b) for name, b in [
+    ("fp32_param_bpp", 4), ("fp32_grad_bpp", 4), ("fp32_adam_bpp", 8),  # float32 Adam
+    ("mixed_param_bpp", 2), ("mixed_grad_bpp", 2), ("mixed_master_bpp", 4),  # ZeRO's 2 + 2 + 12
+    ("mixed_adam_bpp", 8)]]
+
+_DDP = "chapters/ddp-internals"
+CLAIMS += [
+    (_DDP, "overlap_verdict",
+     lambda v: ("most of the allreduce time (at least half) ran while the backward pass was "
+                "still computing" if v["overlap_share"] >= 50 else
+                "part of the allreduce time (between a tenth and a half) ran while the backward "
+                "pass was still computing" if v["overlap_share"] >= 10 else
+                "hardly any allreduce time (less than a tenth) ran while the backward pass was "
+                "computing"), False),
+    (_DDP, "nosync_verdict",
+     lambda v: ("faster with no_sync()" if v["nosync_ratio"] >= 1.05 else
+                "slower with no_sync()" if v["nosync_ratio"] <= 1 / 1.05 else
+                "about as fast either way (within 5%)"), False),
+    (_DDP, "sweep_verdict",
+     lambda v: ("mattered: the slowest setting took more than 5% longer than the fastest"
+                if v["sweep_spread"] > 1.05
+                else "made no difference beyond 5% between the settings"), False),
+]
+FACTS += [(_DDP, "zero1_8", lambda v: 2 + 2 + 12 / 8), (_DDP, "zero2_8", lambda v: 2 + 14 / 8),
+          (_DDP, "zero3_8", lambda v: 16 / 8)]
 
 # Verdicts glued under names made in a loop, which the source scan below cannot read.
 LOOPED = {("chapters/multiple-gpus-concise", f"d2l_verdict_{change}")

@@ -1,0 +1,103 @@
+"""The chapter "A Performance Model" (chapters/performance-model.md).
+
+The integration tests read the page as the book build executed it; the GPU test
+executes it on CUDA, where the datasheet comparison and CUDA events run.
+"""
+import math
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.helpers import glued, page_text
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGE = "chapters/performance-model"
+
+
+def number(values, name):
+    text = values[name]
+    match = re.fullmatch(r"np\.float64\((.*)\)", text)
+    return float(match.group(1) if match else text)
+
+
+def figures(nb):
+    return sum("image/svg+xml" in out.get("data", {}) or "image/png" in out.get("data", {})
+               for cell in nb.cells for out in cell.get("outputs", []))
+
+
+def check_page(nb, values):
+    """What must hold on any device."""
+    text = page_text(nb)
+    assert "Run profile" in text
+    assert figures(nb) >= 1
+    # Datasheet ridge points, with their sources.
+    for source in ["NVIDIA H100 datasheet", "NVIDIA H200 datasheet"]:
+        assert source in text
+    assert number(values, "h100_bf16_ridge") == pytest.approx(989.5 / 3.35, rel=1e-3)
+    assert number(values, "h200_bf16_ridge") < number(values, "h100_bf16_ridge")
+    # Counting: eager GELU runs 8 operations and moves 72 bytes per element, fused 8.
+    assert number(values, "gelu_ops") == 8
+    assert number(values, "gelu_eager_bytes_per_element") == 72
+    assert number(values, "gelu_fused_bytes_per_element") == 8
+    assert "tanh" in text
+    # Ceilings and the ridge point agree with each other.
+    bandwidth, peak = number(values, "bandwidth_gbs"), number(values, "peak_rate")
+    assert bandwidth > 0 and peak > 0
+    scale = 1e12 if values["unit_name"].strip("'") == "TFLOP/s" else 1e9
+    assert number(values, "ridge") == pytest.approx(peak * scale / (bandwidth * 1e9), rel=1e-6)
+    assert number(values, "roof_bandwidth_gbs") > 0
+    # Every point is placed, on the side of the ridge its intensity says.
+    for key in ["add", "add_new", "tanh", "gelu_eager", "gelu_compiled"]:
+        assert number(values, f"{key}_share") > 0
+        assert number(values, f"{key}_point_intensity") < number(values, "roof_ridge")
+    assert number(values, "gelu_compiled_point_intensity") == pytest.approx(
+        9 * number(values, "gelu_eager_point_intensity"))
+    assert number(values, "large_intensity") > number(values, "small_intensity")
+    # The timing section shows torch.utils.benchmark.Timer next to dlperf.time_it.
+    assert "Timer, default (num_threads=1)" in text and "dlperf.time_it" in text
+    assert number(values, "timer_ratio") > 0
+    assert number(values, "event_fastest_ms") > 0
+    return text
+
+
+def test_page_counts_measures_and_places_operations(executed_page):
+    nb = executed_page(PAGE)
+    values = glued(nb, PAGE)
+    text = check_page(nb, values)
+    if not torch.cuda.is_available():  # the book is built on this machine
+        assert "CUDA events are GPU-only" in values["timed_with"]
+        assert "no datasheet ridge: a CPU" in text
+        assert math.isnan(number(values, "ridge_ratio"))
+
+
+@pytest.mark.gpu
+def test_page_runs_on_the_gpu(monkeypatch):
+    """Execute the page on CUDA (quick profile): datasheet comparison, bfloat16, CUDA events."""
+    import jupytext
+    from nbclient import NotebookClient
+
+    monkeypatch.setenv("DLPERF_PROFILE", "quick")
+    monkeypatch.setenv("DLPERF_DATA", "synthetic")
+    nb = jupytext.read(ROOT / "chapters" / "performance-model.md")
+    NotebookClient(nb, timeout=900, kernel_name="python3",
+                   resources={"metadata": {"path": str(ROOT / "chapters")}}).execute()
+    values = glued(nb)
+    text = check_page(nb, values)
+    assert "GPU(s)" in text
+    assert values["unit_name"].strip("'") == "TFLOP/s"
+    assert values["timed_with"].strip("'") == "CUDA events"
+    assert "bfloat16" in text or "float16" in text
+    from dlperf import hardware
+    if hardware.gpu_spec(torch.cuda.get_device_name(0)) is not None:
+        ratio = number(values, "ridge_ratio")
+        assert 0.2 < ratio < 5  # measured ceilings, whatever their share of the datasheet's
+        assert "datasheet" in values["ridge_verdict"]
+        # A GPU's copy reaches a large share of its HBM bandwidth.
+        spec = hardware.gpu_spec(torch.cuda.get_device_name(0))
+        assert number(values, "bandwidth_gbs") > 0.5 * spec.bandwidth_gbs
+    # Fusion pays on a GPU: the compiled GELU is faster than the eager one.
+    assert number(values, "gelu_speedup") > 1

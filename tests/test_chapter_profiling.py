@@ -1,0 +1,96 @@
+"""The Profiling chapter: operator tables, a trace drawn from its JSON, hidden syncs.
+
+The integration tests read the page as the book build executed it; the GPU test
+executes the page on CUDA, where the kernel counts and the synchronizations exist.
+"""
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.helpers import glued, page_text
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGE = "chapters/profiling"
+
+
+def number(values, name):
+    return float(values[name])
+
+
+def word(values, name):
+    return values[name].strip("'\"")
+
+
+def figures(nb):
+    return sum("image/svg+xml" in out.get("data", {}) or "image/png" in out.get("data", {})
+               for cell in nb.cells for out in cell.get("outputs", []))
+
+
+def test_page_prints_both_operator_tables(executed_page):
+    text = page_text(executed_page(PAGE))
+    assert "Run profile" in text
+    for title in ("eager step, 5 profiled steps", "compiled step, 5 profiled steps"):
+        assert title in text
+    assert text.count("Self CPU time total") == 2  # the footer of each key_averages table
+    assert "## Call CompiledFxGraph" in text  # compiled graphs show up as rows of their own
+    assert "aten::mm" in text
+
+
+def test_counts_show_what_the_compiled_step_replaced(executed_page):
+    nb = executed_page(PAGE)
+    values, text = glued(nb, PAGE), page_text(nb)
+    assert number(values, "compiled_aten_calls") < number(values, "eager_aten_calls")
+    assert int(values["compiled_distinct_ops"]) < int(values["eager_distinct_ops"])
+    assert int(values["replaced_count"]) > 0
+    assert number(values, "graph_calls") == 2  # one forward and one backward graph per step
+    assert "aten::gelu" in text.split("no longer calls:")[1].split("ATen operators both")[0]
+    assert number(values, "compile_s") > 0
+
+
+def test_trace_is_read_back_faithfully(executed_page):
+    nb = executed_page(PAGE)
+    values, text = glued(nb, PAGE), page_text(nb)
+    assert number(values, "self_gap_pct") <= 1.0  # trace and table agree on self times
+    assert number(values, "forward_self_ms") < number(values, "forward_total_ms")
+    assert re.search(r"eager\.json: \d+ kB, \d+ events", text)
+    assert "traces written: " in text
+    assert figures(nb) >= 1  # the timeline drawn from the trace
+    assert number(values, "eager_profiled_ms") > 0 and number(values, "compiled_profiled_ms") > 0
+
+
+def test_sync_finder_runs_on_every_machine(executed_page):
+    nb = executed_page(PAGE)
+    values, text = glued(nb, PAGE), page_text(nb)
+    if not torch.cuda.is_available():  # the book was built on this machine
+        assert "no CUDA: nothing to detect" in text
+        assert int(values["sync_calls_total"]) == 0
+    assert "torch.nonzero(v > 0)" in text and "v[v > 0]" in text
+
+
+@pytest.mark.gpu
+def test_page_runs_on_the_gpu(monkeypatch):
+    """Execute the page on CUDA (quick profile): kernels, device-time tables and real syncs."""
+    import jupytext
+    from nbclient import NotebookClient
+
+    monkeypatch.setenv("DLPERF_PROFILE", "quick")
+    monkeypatch.setenv("DLPERF_DATA", "synthetic")
+    nb = jupytext.read(ROOT / "chapters" / "profiling.md")
+    NotebookClient(nb, timeout=900, kernel_name="python3",
+                   resources={"metadata": {"path": str(ROOT / "chapters")}}).execute()
+    text, values = page_text(nb), glued(nb)
+    assert "GPU(s)" in text
+    assert "self_device_time_total" in text  # the tables were sorted by GPU time
+    assert re.search(r"stream \d+", text)  # a lane for a CUDA stream in the trace
+    assert word(values, "kernel_sentence").startswith("each eager step launched")
+    answer = word(values, "sync_answer")
+    assert answer.startswith("it flagged")
+    flagged = set(answer.split(": ", 1)[1].split("; "))
+    assert {"v.sum().item()", "torch.nonzero(v > 0)", "v[v > 0]"} <= flagged
+    assert "v.sum()" not in flagged  # a reduction's output shape is known: it stays queued
+    assert int(values["sync_calls_total"]) > 0
+    assert word(values, "sync_verdict").startswith("found ")
