@@ -419,11 +419,13 @@ class FillStatus(SphinxPostTransform):
             if gpu_runs:
                 gpu_rows = [[_page_link(app, self.env.docname, r), nodes.Text(_fmt(r.get("profile"))),
                              nodes.Text(_fmt(r.get("hardware"))), nodes.Text(_fmt(r.get("torch"))),
-                             nodes.Text(_fmt(r.get("python"))), nodes.Text(_fmt(r.get("seconds"), " s")),
+                             nodes.Text(_fmt(r.get("python"))),
+                             nodes.Text(_fmt(r.get("driver")) + (f" (CUDA {r['cuda']})" if r.get("cuda") else "")),
+                             nodes.Text(_fmt(r.get("seconds"), " s")),
                              nodes.Text(_fmt(r.get("ran_at")))]
                             for r in sorted(gpu_runs, key=lambda r: (r["page"], r.get("ran_at") or ""))]
-                gpu = [_table(["Page", "Run profile", "Hardware", "PyTorch", "Python", "Run time",
-                               "Ran at (UTC)"], gpu_rows)]
+                gpu = [_table(["Page", "Run profile", "Hardware", "PyTorch", "Python", "Driver",
+                               "Run time", "Ran at (UTC)"], gpu_rows)]
             else:
                 gpu = [nodes.paragraph(text=f"No GPU run has been recorded yet ({node['gpu_runs']} "
                                             "is empty).")]

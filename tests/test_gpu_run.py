@@ -64,3 +64,24 @@ def test_chapters_come_in_the_books_order():
     toc = re.findall(r"- file: (chapters/[\w-]+)", (ROOT / "_toc.yml").read_text())
     assert gpu_run.chapters() == toc and toc
     assert gpu_run.title("chapters/hybridize").startswith("Compilers")
+
+
+def test_gpu_runs_are_recorded_for_the_status_page_and_cpu_runs_are_not(tmp_path, monkeypatch):
+    from dlperf import status
+    recorded = tmp_path / "gpu-runs.json"
+    recorded.write_text('{"runs": []}\n')
+    monkeypatch.setattr(status, "GPU_RUNS", recorded)
+    out = tmp_path / "out"
+    out.mkdir()
+    run = gpu_run.Run(out, budget=60)
+    line = ("Run profile full (DLPERF_PROFILE unset and a GPU is present); PyTorch 2.11.0+cu130, "
+            "Python 3.12.3; 1 GPU(s): cuda:0 (NVIDIA H100 80GB HBM3)")
+    on_gpu = {"page": "chapters/hardware", "title": "Hardware", "ran_at": "2026-11-23T00:00:00+00:00",
+              "seconds": 12.5, "succeeded": True, **status.environment(line), "driver": "580.159.04",
+              "cuda": "13.0"}
+    on_cpu = {**on_gpu, "page": "chapters/hybridize", "hardware": "CPU: AMD EPYC"}
+    step = gpu_run.record_gpu_runs(run, [on_gpu, on_cpu])
+    assert step["gpu_runs"] == 1
+    written = json.loads((out / "gpu-runs.json").read_text())["runs"]
+    assert written == json.loads(recorded.read_text())["runs"] == [on_gpu]
+    assert on_gpu["profile"].startswith("full") and on_gpu["torch"] == "2.11.0+cu130"
