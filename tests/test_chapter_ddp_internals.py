@@ -8,22 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import glued, page_text
+from tests.helpers import execute_chapter, figures, glued, number, page_text
 
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = "chapters/ddp-internals"
-
-
-def number(values, name):
-    text = values[name]
-    return float(text[len("np.float64("):-1] if text.startswith("np.float64(") else text)
-
-
-def figures(nb):
-    return sum("image/svg+xml" in out.get("data", {}) or "image/png" in out.get("data", {})
-               for cell in nb.cells for out in cell.get("outputs", []))
 
 
 @pytest.fixture(scope="module")
@@ -90,14 +80,7 @@ def test_sharding_holds_what_zero_predicts(page):
 @pytest.mark.gpu
 def test_page_runs_on_the_gpu(monkeypatch):
     """Execute the page on CUDA (quick profile): NCCL with 2+ GPUs, kernels in the trace."""
-    import jupytext
-    from nbclient import NotebookClient
-
-    monkeypatch.setenv("DLPERF_PROFILE", "quick")
-    monkeypatch.setenv("DLPERF_DATA", "synthetic")
-    nb = jupytext.read(ROOT / "chapters" / "ddp-internals.md")
-    NotebookClient(nb, timeout=900, kernel_name="python3",
-                   resources={"metadata": {"path": str(ROOT / "chapters")}}).execute()
+    nb = execute_chapter("ddp-internals", monkeypatch, timeout=900)
     text, values = page_text(nb), glued(nb)
     assert "GPU(s)" in text
     assert number(values, "bucket_matches") == number(values, "bucket_settings")

@@ -10,22 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import glued, page_text
+from tests.helpers import execute_chapter, figures, glued, number, page_text
 
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = "chapters/memory-precision"
-
-
-def number(values: dict, name: str) -> float:
-    assert name in values, f"the page did not glue {name!r}; it glued {sorted(values)}"
-    return float(values[name].strip("'\""))
-
-
-def figures(nb) -> int:
-    return sum("image/svg+xml" in out.get("data", {}) or "image/png" in out.get("data", {})
-               for cell in nb.cells for out in cell.get("outputs", []))
 
 
 @pytest.fixture(scope="module")
@@ -105,14 +95,7 @@ def test_accumulation_and_checkpointing_keep_the_gradient(page):
 @pytest.mark.gpu
 def test_page_runs_on_the_gpu(monkeypatch):
     """Execute the page on CUDA (quick profile): allocator peaks, TF32 and bf16 tensor cores."""
-    import jupytext
-    from nbclient import NotebookClient
-
-    monkeypatch.setenv("DLPERF_PROFILE", "quick")
-    monkeypatch.setenv("DLPERF_DATA", "synthetic")
-    nb = jupytext.read(ROOT / "chapters" / "memory-precision.md")
-    NotebookClient(nb, timeout=600, kernel_name="python3",
-                   resources={"metadata": {"path": str(ROOT / "chapters")}}).execute()
+    nb = execute_chapter("memory-precision", monkeypatch, timeout=600)
     text, values = page_text(nb), glued(nb)
     assert "GPU(s)" in text
     assert "were allocated before the step" in values["peak_summary"]

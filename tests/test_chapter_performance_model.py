@@ -4,29 +4,17 @@ The integration tests read the page as the book build executed it; the GPU test
 executes it on CUDA, where the datasheet comparison and CUDA events run.
 """
 import math
-import re
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.helpers import glued, page_text
+from tests.helpers import execute_chapter, figures, glued, number, page_text
 
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = "chapters/performance-model"
-
-
-def number(values, name):
-    text = values[name]
-    match = re.fullmatch(r"np\.float64\((.*)\)", text)
-    return float(match.group(1) if match else text)
-
-
-def figures(nb):
-    return sum("image/svg+xml" in out.get("data", {}) or "image/png" in out.get("data", {})
-               for cell in nb.cells for out in cell.get("outputs", []))
 
 
 def check_page(nb, values):
@@ -77,14 +65,7 @@ def test_page_counts_measures_and_places_operations(executed_page):
 @pytest.mark.gpu
 def test_page_runs_on_the_gpu(monkeypatch):
     """Execute the page on CUDA (quick profile): datasheet comparison, bfloat16, CUDA events."""
-    import jupytext
-    from nbclient import NotebookClient
-
-    monkeypatch.setenv("DLPERF_PROFILE", "quick")
-    monkeypatch.setenv("DLPERF_DATA", "synthetic")
-    nb = jupytext.read(ROOT / "chapters" / "performance-model.md")
-    NotebookClient(nb, timeout=900, kernel_name="python3",
-                   resources={"metadata": {"path": str(ROOT / "chapters")}}).execute()
+    nb = execute_chapter("performance-model", monkeypatch, timeout=900)
     values = glued(nb)
     text = check_page(nb, values)
     assert "GPU(s)" in text

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import glued, page_text
+from tests.helpers import execute_chapter, figures, glued, number, page_text
 
 pytestmark = pytest.mark.integration
 
@@ -17,17 +17,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PAGE = "chapters/profiling"
 
 
-def number(values, name):
-    return float(values[name])
-
-
 def word(values, name):
     return values[name].strip("'\"")
-
-
-def figures(nb):
-    return sum("image/svg+xml" in out.get("data", {}) or "image/png" in out.get("data", {})
-               for cell in nb.cells for out in cell.get("outputs", []))
 
 
 def test_page_prints_both_operator_tables(executed_page):
@@ -74,14 +65,7 @@ def test_sync_finder_runs_on_every_machine(executed_page):
 @pytest.mark.gpu
 def test_page_runs_on_the_gpu(monkeypatch):
     """Execute the page on CUDA (quick profile): kernels, device-time tables and real syncs."""
-    import jupytext
-    from nbclient import NotebookClient
-
-    monkeypatch.setenv("DLPERF_PROFILE", "quick")
-    monkeypatch.setenv("DLPERF_DATA", "synthetic")
-    nb = jupytext.read(ROOT / "chapters" / "profiling.md")
-    NotebookClient(nb, timeout=900, kernel_name="python3",
-                   resources={"metadata": {"path": str(ROOT / "chapters")}}).execute()
+    nb = execute_chapter("profiling", monkeypatch, timeout=900)
     text, values = page_text(nb), glued(nb)
     assert "GPU(s)" in text
     assert "self_device_time_total" in text  # the tables were sorted by GPU time

@@ -11,19 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import glued, page_text
+from tests.helpers import execute_chapter, figures, glued, number, page_text
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = ["hybridize", "async-computation", "auto-parallelism", "hardware"]
-
-
-def figures(nb):
-    return sum("image/svg+xml" in out.get("data", {}) or "image/png" in out.get("data", {})
-               for cell in nb.cells for out in cell.get("outputs", []))
-
-
-def number(values, name):
-    return float(values[name])
 
 
 @pytest.mark.integration
@@ -133,14 +124,7 @@ def test_pinned_non_blocking_copy_on_a_side_stream_arrives_intact():
 @pytest.mark.parametrize("name", PAGES)
 def test_page_runs_on_the_gpu(name, monkeypatch):
     """Execute the page on CUDA (quick profile): its GPU-only branches must run too."""
-    import jupytext
-    from nbclient import NotebookClient
-
-    monkeypatch.setenv("DLPERF_PROFILE", "quick")
-    monkeypatch.setenv("DLPERF_DATA", "synthetic")
-    nb = jupytext.read(ROOT / "chapters" / f"{name}.md")
-    NotebookClient(nb, timeout=600, kernel_name="python3",
-                   resources={"metadata": {"path": str(ROOT / "chapters")}}).execute()
+    nb = execute_chapter(name, monkeypatch, timeout=600)
     text, values = page_text(nb), glued(nb)
     assert "GPU(s)" in text
     if name == "async-computation":

@@ -2,21 +2,11 @@
 import pytest
 import torch
 
-from tests.helpers import glued, page_text
+from tests.helpers import figures, glued, number, page_text
 
 pytestmark = pytest.mark.integration
 
 ON_GPU = torch.cuda.is_available()
-
-
-def number(values: dict, name: str) -> float:
-    assert name in values, f"the page did not glue {name!r}; it glued {sorted(values)}"
-    return float(values[name].strip("'\""))
-
-
-def figures(nb) -> int:
-    return sum("image/svg+xml" in out.get("data", {}) or "image/png" in out.get("data", {})
-               for cell in nb.cells for out in cell.get("outputs", []))
 
 
 def test_multiple_gpus_from_scratch(executed_page):
