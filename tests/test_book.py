@@ -8,7 +8,6 @@ solutions and hidden tests.
 import html as html_lib
 import json
 import re
-import time
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
@@ -17,6 +16,7 @@ import pytest
 import yaml
 
 from dlperf import book, status
+from tests.assignments import ASSIGNMENTS
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.integration
@@ -137,7 +137,7 @@ def test_chapters_open_in_colab_and_binder_with_their_own_notebook(built_book):
 def test_assignment_pages_link_the_student_notebook(built_book):
     toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
     assignments = [entry for part in toc["parts"] for entry in part["chapters"] if entry.get("sections")]
-    assert len(assignments) == 3
+    assert len(assignments) == len(ASSIGNMENTS)
     for entry in assignments:
         notebook = entry["sections"][0]["file"]
         assert notebook.startswith("exercises/"), entry
