@@ -25,6 +25,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from .accelerators import synchronize
+from .memory import optimizer_state_bytes, tensor_bytes
+
 MIB = 1024 * 1024
 DEFAULT_BUCKET_CAP_MB = 25  # DDP's default, in MiB (the argument says MB, it means 2**20 bytes)
 DEFAULT_FIRST_BUCKET_MB = 1  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES, in MiB
@@ -244,26 +247,18 @@ def zero_traffic_per_parameter(n: int) -> Dict[str, float]:
     return {STAGES[0]: 2 * half, STAGES[1]: 2 * half, STAGES[2]: 2 * half, STAGES[3]: 3 * half}
 
 
-def local_bytes(tensor: torch.Tensor) -> int:
-    """Bytes of ``tensor`` held by this process (a DTensor's local shard only)."""
-    if hasattr(tensor, "to_local"):
-        tensor = tensor.to_local()
-    return tensor.numel() * tensor.element_size()
-
-
 def held_bytes(model: nn.Module, optimizer) -> Dict[str, int]:
     """Bytes of parameters, gradients and optimizer state that this process holds.
 
     For a ``ZeroRedundancyOptimizer`` the state is that of its local optimizer
-    (``.optim``), which holds only this process's partition.
+    (``.optim``), which holds only this process's partition; FSDP2's sharded tensors count
+    their local shard (:func:`dlperf.memory.tensor_bytes`).
     """
     local = getattr(optimizer, "optim", optimizer)
-    state = sum(local_bytes(value) for per_param in local.state.values()
-                for value in per_param.values() if isinstance(value, torch.Tensor))
     params = list(model.parameters())
-    return {"parameters": sum(local_bytes(p) for p in params),
-            "gradients": sum(local_bytes(p.grad) for p in params if p.grad is not None),
-            "optimizer state": state}
+    return {"parameters": tensor_bytes(params),
+            "gradients": tensor_bytes(p.grad for p in params if p.grad is not None),
+            "optimizer state": sum(optimizer_state_bytes(local).values())}
 
 
 # ---------------------------------------------------------------- worker jobs
@@ -271,11 +266,6 @@ def _device(config: dict) -> torch.device:
     if config.get("device", "cpu") == "cuda":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def _ddp(model: nn.Module, device: torch.device, **kwargs):
@@ -342,10 +332,10 @@ def buckets_job(rank: int, world_size: int, config: dict) -> Optional[dict]:
     def step():
         with record_function("ddp forward"):
             loss = _loss(ddp(X), y)
-            _sync(device)
+            synchronize(device)
         with record_function("ddp backward"):
             loss.backward()
-            _sync(device)
+            synchronize(device)
         optimizer.step()
         optimizer.zero_grad()
 
@@ -391,7 +381,7 @@ def accumulation_job(rank: int, world_size: int, config: dict) -> Optional[dict]
             last = j == k - 1
             with ddp.no_sync() if (use_no_sync and not last) else nullcontext():
                 (_loss(ddp(Xj), yj) / k).backward()  # each micro-batch weighs 1/k
-        _sync(device)
+        synchronize(device)
     # ACCUMULATE-END
 
     result = {}
@@ -440,7 +430,7 @@ def bucket_sweep_job(rank: int, world_size: int, config: dict) -> Optional[dict]
             _loss(ddp(X), y).backward()
             optimizer.step()
             optimizer.zero_grad()
-            _sync(device)
+            synchronize(device)
 
         for _ in range(2):  # the first step also rebuilds the buckets
             step()
@@ -470,7 +460,7 @@ def sharding_job(rank: int, world_size: int, config: dict) -> dict:
             optimizer.zero_grad(set_to_none=True)
             _loss(model(X), y).backward()
             optimizer.step()
-        _sync(device)
+        synchronize(device)
 
     def full_parameters(model):
         return [(p.full_tensor() if hasattr(p, "full_tensor") else p).detach()

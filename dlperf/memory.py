@@ -21,8 +21,13 @@ TensorOrTensors = Union[torch.Tensor, Iterable[torch.Tensor]]
 
 
 def tensor_bytes(tensors: TensorOrTensors) -> int:
-    """Bytes of the elements of a tensor, or of several (``numel * element_size``)."""
+    """Bytes of the elements of a tensor, or of several (``numel * element_size``).
+
+    A sharded tensor (a DTensor, as FSDP2 makes them) counts only the shard this process holds.
+    """
     if isinstance(tensors, torch.Tensor):
+        if hasattr(tensors, "to_local"):
+            tensors = tensors.to_local()
         return tensors.numel() * tensors.element_size()
     return sum(tensor_bytes(t) for t in tensors)
 

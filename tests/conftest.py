@@ -47,6 +47,17 @@ def executed_page(built_book):
     return load
 
 
+@pytest.fixture(scope="session")
+def page_outputs(executed_page):
+    """``page_outputs('chapters/hybridize')``: that page as built, what it printed, what it glued."""
+    from tests.helpers import glued, page_text
+
+    def load(name: str):
+        nb = executed_page(name)
+        return nb, page_text(nb), glued(nb, name)
+    return load
+
+
 def with_outputs(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
     """The notebook with its outputs, also when the build took them from its cache.
 

@@ -3,7 +3,6 @@
 The GPU test runs the page itself on CUDA, where it uses NCCL across two or more GPUs
 (gloo on CPU processes otherwise) and traces kernels instead of CPU threads.
 """
-from pathlib import Path
 
 import pytest
 import torch
@@ -12,14 +11,12 @@ from tests.helpers import execute_chapter, figures, glued, number, page_text
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parent.parent
 PAGE = "chapters/ddp-internals"
 
 
 @pytest.fixture(scope="module")
-def page(executed_page):
-    nb = executed_page(PAGE)
-    return nb, page_text(nb), glued(nb, PAGE)
+def page(page_outputs):
+    return page_outputs(PAGE)
 
 
 def test_page_runs_two_processes_and_draws_its_figures(page):

@@ -5,7 +5,6 @@ measured ones must be consistent with each other; the GPU test runs the page on
 CUDA, where the allocator statistics and the GPU-only claims exist.
 """
 import ast
-from pathlib import Path
 
 import pytest
 import torch
@@ -14,14 +13,12 @@ from tests.helpers import execute_chapter, figures, glued, number, page_text
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parent.parent
 PAGE = "chapters/memory-precision"
 
 
 @pytest.fixture(scope="module")
-def page(executed_page):
-    nb = executed_page(PAGE)
-    return nb, page_text(nb), glued(nb, PAGE)
+def page(page_outputs):
+    return page_outputs(PAGE)
 
 
 def test_page_names_its_device_and_draws_figures(page):

@@ -4,7 +4,6 @@ The integration tests read the page as the book build executed it; the GPU test
 executes it on CUDA, where the datasheet comparison and CUDA events run.
 """
 import math
-from pathlib import Path
 
 import pytest
 import torch
@@ -13,7 +12,6 @@ from tests.helpers import execute_chapter, figures, glued, number, page_text
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parent.parent
 PAGE = "chapters/performance-model"
 
 

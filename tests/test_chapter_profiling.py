@@ -4,7 +4,6 @@ The integration tests read the page as the book build executed it; the GPU test
 executes the page on CUDA, where the kernel counts and the synchronizations exist.
 """
 import re
-from pathlib import Path
 
 import pytest
 import torch
@@ -13,7 +12,6 @@ from tests.helpers import execute_chapter, figures, glued, number, page_text
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parent.parent
 PAGE = "chapters/profiling"
 
 
@@ -31,9 +29,8 @@ def test_page_prints_both_operator_tables(executed_page):
     assert "aten::mm" in text
 
 
-def test_counts_show_what_the_compiled_step_replaced(executed_page):
-    nb = executed_page(PAGE)
-    values, text = glued(nb, PAGE), page_text(nb)
+def test_counts_show_what_the_compiled_step_replaced(page_outputs):
+    nb, text, values = page_outputs(PAGE)
     assert number(values, "compiled_aten_calls") < number(values, "eager_aten_calls")
     assert int(values["compiled_distinct_ops"]) < int(values["eager_distinct_ops"])
     assert int(values["replaced_count"]) > 0
@@ -42,9 +39,8 @@ def test_counts_show_what_the_compiled_step_replaced(executed_page):
     assert number(values, "compile_s") > 0
 
 
-def test_trace_is_read_back_faithfully(executed_page):
-    nb = executed_page(PAGE)
-    values, text = glued(nb, PAGE), page_text(nb)
+def test_trace_is_read_back_faithfully(page_outputs):
+    nb, text, values = page_outputs(PAGE)
     assert number(values, "self_gap_pct") <= 1.0  # trace and table agree on self times
     assert number(values, "forward_self_ms") < number(values, "forward_total_ms")
     assert re.search(r"eager\.json: \d+ kB, \d+ events", text)
@@ -53,9 +49,8 @@ def test_trace_is_read_back_faithfully(executed_page):
     assert number(values, "eager_profiled_ms") > 0 and number(values, "compiled_profiled_ms") > 0
 
 
-def test_sync_finder_runs_on_every_machine(executed_page):
-    nb = executed_page(PAGE)
-    values, text = glued(nb, PAGE), page_text(nb)
+def test_sync_finder_runs_on_every_machine(page_outputs):
+    nb, text, values = page_outputs(PAGE)
     if not torch.cuda.is_available():  # the book was built on this machine
         assert "no CUDA: nothing to detect" in text
         assert int(values["sync_calls_total"]) == 0

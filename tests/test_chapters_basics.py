@@ -6,14 +6,12 @@ book cannot show.
 """
 import re
 import time
-from pathlib import Path
 
 import pytest
 import torch
 
 from tests.helpers import execute_chapter, figures, glued, number, page_text
 
-ROOT = Path(__file__).resolve().parent.parent
 PAGES = ["hybridize", "async-computation", "auto-parallelism", "hardware"]
 
 
@@ -28,9 +26,8 @@ def test_page_names_its_device_and_draws_figures(executed_page, name):
 
 
 @pytest.mark.integration
-def test_hybridize_compiles_scripts_and_exports_faithfully(executed_page):
-    nb = executed_page("chapters/hybridize")
-    text, values = page_text(nb), glued(nb, "chapters/hybridize")
+def test_hybridize_compiles_scripts_and_exports_faithfully(page_outputs):
+    nb, text, values = page_outputs("chapters/hybridize")
     assert "graph result equals imperative result: True" in text
     assert "operations in the graph: 6 before dead-code elimination, 4 after" in text
     assert "TraceError" in text
@@ -47,9 +44,8 @@ def test_hybridize_compiles_scripts_and_exports_faithfully(executed_page):
 
 
 @pytest.mark.integration
-def test_async_page_measures_the_queue_and_the_blockers(executed_page):
-    nb = executed_page("chapters/async-computation")
-    text, values = page_text(nb), glued(nb, "chapters/async-computation")
+def test_async_page_measures_the_queue_and_the_blockers(page_outputs):
+    nb, text, values = page_outputs("chapters/async-computation")
     assert number(values, "returned_ms") <= number(values, "finished_ms")
     assert "[['matmul', 'add'], ['mul'], ['sum_1']]" in text  # independent ops found by tracing
     toy = re.search(r"toy backend: (-?[\d.]+); computed directly: (-?[\d.]+)", text)
@@ -61,9 +57,8 @@ def test_async_page_measures_the_queue_and_the_blockers(executed_page):
 
 
 @pytest.mark.integration
-def test_auto_parallelism_runs_two_lanes_and_the_copy_pipeline(executed_page):
-    nb = executed_page("chapters/auto-parallelism")
-    text, values = page_text(nb), glued(nb, "chapters/auto-parallelism")
+def test_auto_parallelism_runs_two_lanes_and_the_copy_pipeline(page_outputs):
+    nb, text, values = page_outputs("chapters/auto-parallelism")
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     expected = {0: "two CPU workers", 1: "one GPU and the CPU"}.get(gpus, "two GPUs")
     assert values["setup"].strip("'") == expected  # the book was built on this machine
@@ -74,9 +69,8 @@ def test_auto_parallelism_runs_two_lanes_and_the_copy_pipeline(executed_page):
 
 
 @pytest.mark.integration
-def test_hardware_keeps_quoted_and_measured_numbers_apart(executed_page):
-    nb = executed_page("chapters/hardware")
-    text, values = page_text(nb), glued(nb, "chapters/hardware")
+def test_hardware_keeps_quoted_and_measured_numbers_apart(page_outputs):
+    nb, text, values = page_outputs("chapters/hardware")
     for source in ["NVIDIA H100 datasheet", "NVIDIA H200 datasheet", "PCI-SIG"]:
         assert source in text
     assert "data caches reported" in text

@@ -2,16 +2,15 @@
 import pytest
 import torch
 
-from tests.helpers import figures, glued, number, page_text
+from tests.helpers import figures, number
 
 pytestmark = pytest.mark.integration
 
 ON_GPU = torch.cuda.is_available()
 
 
-def test_multiple_gpus_from_scratch(executed_page):
-    nb = executed_page("chapters/multiple-gpus")
-    text, values = page_text(nb), glued(nb, "chapters/multiple-gpus")
+def test_multiple_gpus_from_scratch(page_outputs):
+    nb, text, values = page_outputs("chapters/multiple-gpus")
     if not ON_GPU:
         assert "No GPU found: using 2 CPU virtual devices" in text
         assert "ValueError: Expected a non cpu device" in text  # scatter refuses the CPU, shown
@@ -33,9 +32,8 @@ def test_multiple_gpus_from_scratch(executed_page):
     assert figures(nb) >= 2
 
 
-def test_multiple_gpus_concise(executed_page):
-    nb = executed_page("chapters/multiple-gpus-concise")
-    text, values = page_text(nb), glued(nb, "chapters/multiple-gpus-concise")
+def test_multiple_gpus_concise(page_outputs):
+    nb, text, values = page_outputs("chapters/multiple-gpus-concise")
     # the lazy-layer pitfall is shown, and init_resnet refuses lazy layers
     assert "['LazyConv2d', 'ReLU', 'Flatten', 'LazyLinear']" in text
     assert "init_resnet on a lazy layer: ValueError" in text
@@ -53,9 +51,8 @@ def test_multiple_gpus_concise(executed_page):
     assert figures(nb) >= 1
 
 
-def test_parameter_server(executed_page):
-    nb = executed_page("chapters/parameter-server")
-    text, values = page_text(nb), glued(nb, "chapters/parameter-server")
+def test_parameter_server(page_outputs):
+    nb, text, values = page_outputs("chapters/parameter-server")
     # the ring allreduce ran in 4 processes and equals dist.all_reduce
     assert number(values, "ring_all_equal") == 4
     assert text.count("ring [15, 15, 15, 15], all_reduce [15, 15, 15, 15], equal: True") == 4
