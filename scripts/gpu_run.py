@@ -152,7 +152,7 @@ def title(page: str) -> str:
 
 def run_chapters(run: Run, site: Path, profile: str, hardware: dict) -> tuple:
     """Execute every chapter; (the step's record, the runs for the status page)."""
-    from dlperf.status import environment as environment_of  # stdlib only, with dlperf's torch
+    from dlperf.status import environment as environment_of  # dlperf needs the machine's torch
 
     started, runs, results = time.monotonic(), [], []
     work = Path(tempfile.mkdtemp(prefix="gpu-run-chapters-"))
@@ -236,18 +236,16 @@ def judge_case(assignment: str, student: str, losses, results: Path, code, cuda:
     case = {"assignment": assignment, "student": student}
     if not results.exists():
         return {**case, "outcome": "not graded", "grader_exit": code}
+    from tests.assignments import counted, wrongly_skipped
+
     result = json.loads(results.read_text())
-    counted = {t["name"]: (t["score"], t["extra_data"]["points"]) for t in result["tests"]
-               if t["extra_data"]["outcome"] not in ("skipped", "manual")}
-    skipped = sorted(t["name"] for t in result["tests"] if t["extra_data"]["outcome"] == "skipped")
-    should_skip = sorted(t["name"] for t in result["tests"]
-                         if t["name"].endswith("_gpu") and not cuda)
-    lost = {name: points - score for name, (score, points) in counted.items() if score != points}
-    wanted = ({name: points for name, (_, points) in counted.items()} if losses is None
-              else {name: points for name, points in losses.items() if points and name in counted})
-    right = lost == wanted and skipped == should_skip
+    scores, misskipped = counted(result), wrongly_skipped(result, cuda)
+    lost = {name: points - score for name, (score, points) in scores.items() if score != points}
+    wanted = ({name: points for name, (_, points) in scores.items()} if losses is None
+              else {name: points for name, points in losses.items() if points and name in scores})
     return {**case, "score": result["score"], "lost": lost, "expected_lost": wanted,
-            "skipped": skipped, "outcome": "as expected" if right else "unexpected"}
+            "wrongly_skipped": misskipped,
+            "outcome": "as expected" if lost == wanted and not misskipped else "unexpected"}
 
 
 def hardware_facts() -> dict:

@@ -67,6 +67,20 @@ def expected_losses(case: dict, cuda: bool) -> dict:
     return losses
 
 
+def counted(result: dict) -> dict:
+    """grade_id -> (score, points) for the tests that count in a grader's results.json."""
+    return {t["name"]: (t["score"], t["extra_data"]["points"]) for t in result["tests"]
+            if t["extra_data"]["outcome"] not in ("skipped", "manual")}
+
+
+def wrongly_skipped(result: dict, cuda: bool) -> list:
+    """Tests the grader skipped or ran against its rule: GPU-only tests (``*_gpu``) run where
+    CUDA is and are skipped where it is not; no other test is ever skipped."""
+    return [test["name"] for test in result["tests"]
+            if (test["extra_data"]["outcome"] == "skipped")
+            != (test["name"].endswith("_gpu") and not cuda)]
+
+
 def submission(assignment: str, answers: dict):
     """The release notebook with the learner's code in its answer cells (the solution's elsewhere)."""
     nb = copy.deepcopy(release_notebook(assignment))

@@ -21,8 +21,9 @@ import nbformat
 import pytest
 import torch
 
-from tests.assignments import (ASSIGNMENTS, EXERCISES, ROOT, SOLUTIONS, WRONG, expected_losses,
-                               hand_in, load_wrong, wrong_submissions)
+from tests.assignments import (ASSIGNMENTS, EXERCISES, ROOT, SOLUTIONS, WRONG, counted,
+                               expected_losses, hand_in, load_wrong, wrong_submissions,
+                               wrongly_skipped)
 
 CUDA = torch.cuda.is_available()
 
@@ -68,16 +69,8 @@ def graded(tmp_path_factory):
     return found
 
 
-def counted(result: dict) -> dict:
-    """grade_id -> (score, points) for the tests that count in this run."""
-    return {t["name"]: (t["score"], t["extra_data"]["points"]) for t in result["tests"]
-            if t["extra_data"]["outcome"] not in ("skipped", "manual")}
-
-
 def gpu_handling_is_right(result: dict) -> None:
-    for test in result["tests"]:
-        skipped = test["extra_data"]["outcome"] == "skipped"
-        assert skipped == (test["name"].endswith("_gpu") and not CUDA), test
+    assert not wrongly_skipped(result, CUDA), result["tests"]
 
 
 @pytest.mark.parametrize("assignment", sorted(ASSIGNMENTS))
