@@ -7,8 +7,10 @@ cell on its own) -> ``report`` (grades.csv, Gradescope results, executed noteboo
 and ``gradebook`` (nbgrader's database). ``grade`` strings them together for one
 submission (:func:`autograder.grade.grade_submission`, the one pipeline, under the one
 :class:`~autograder.options.GradeOptions`); a runner grades many (``grade.LocalRunner``
-here, ``cluster.Cluster`` on Dask); ``kernels`` starts the kernels; ``check`` is the
-learner's own run of the same pipeline; ``cli`` is ``python -m autograder``.
+here, ``cluster.Cluster`` on Dask, both a ``grade.Runner``), and each owns the run's
+``spawn.Spawner``, which starts every process (kernel, checks, CUDA probe) by naming its
+target; ``check`` is the learner's own run of the same pipeline; ``cli`` is
+``python -m autograder``.
 """
 __all__ = ["GradeOptions", "LocalRunner", "SubmissionResult", "grade_submission"]
 

@@ -16,10 +16,12 @@ from pathlib import Path
 from typing import List, Optional
 
 from .checks import parse
-from .grade import GRADED, grade_submission
+from .device import cuda_available
+from .grade import GRADED, LocalRunner, grade_submission
 from .judge import HIDDEN_ONLY, MANUAL, PARTIAL, PASSED, SKIPPED, TestResult
 from .layout import SourceNotebook, Submission, read_submission
-from .options import GradeOptions
+from .options import CHECK_PROFILE, GradeOptions
+from .spawn import Spawner
 from .rebuild import grade_id_of, is_test
 
 
@@ -69,11 +71,12 @@ def edited_tests(nb) -> List[str]:
 
 
 def check(notebook: Path, source: Optional[Path] = None,
-          options: GradeOptions = GradeOptions(), fork_server=None) -> CheckReport:
+          options: GradeOptions = GradeOptions(profile=CHECK_PROFILE),
+          spawner: Optional[Spawner] = None) -> CheckReport:
     """Run the visible tests of ``notebook`` through the grading pipeline.
 
-    ``ValueError`` when the file is not a notebook. A fork server is started for the
-    run when ``options.kernel`` is fork and the caller passes none.
+    ``ValueError`` when the file is not a notebook. Without a ``spawner``, a runner of
+    its own (of ``options.kernel``'s kind) grades it and resolves ``auto`` in ``options``.
     """
     notebook = Path(notebook).resolve()
     learner = read_submission(notebook)
@@ -81,16 +84,13 @@ def check(notebook: Path, source: Optional[Path] = None,
     edited = [] if source else edited_tests(learner)
     submission = Submission(student_id="you", assignment=notebook.parent.name,
                             notebook=notebook.stem, path=notebook)
-    server = fork_server
-    if server is None and options.kernel == "fork":
-        from .kernels import ForkServer, fork_supported, notebook_imports
-        if fork_supported():
-            server = ForkServer(notebook_imports([reference.path]))
-    try:
-        result = grade_submission(submission, reference, options, server)
-    finally:
-        if server is not None and server is not fork_server:
-            server.close()
+    if spawner is None:
+        with LocalRunner(1, options.kernel, [reference.path]) as runner:
+            options = runner.resolve(options)
+            result = grade_submission(submission, reference, options, runner.spawner)
+    else:
+        options = options.resolve(lambda: cuda_available(spawner))
+        result = grade_submission(submission, reference, options, spawner)
     # A released test cell with no code left held only hidden tests: nothing to check here.
     visible = {grade_id_of(cell): cell.source
                for cell in reference.notebook.cells if is_test(cell)}

@@ -272,19 +272,15 @@ def _printer(stream):
 def run_checks(setup_code: str, seed: int,
                tests: Sequence[Tuple[str, str, Optional[str]]]) -> Dict[str, CheckOutcome]:
     """Outcomes by grade id for ``(grade_id, checks, report)``, in this process; a missing
-    report is skipped. Graders use :func:`run_checks_isolated`."""
+    report is skipped. Graders use :func:`autograder.checks_process.run_checks_isolated`."""
     trusted = TrustedChecks(setup_code, seed)
     return {grade_id: trusted.run(checks, report)
             for grade_id, checks, report in tests if report is not None}
 
 
 # --------------------------------------------------------------------------------------
-# One process per submission
+# The checks process (started by autograder.checks_process, target serve_request)
 # --------------------------------------------------------------------------------------
-
-class ChecksSetupError(RuntimeError):
-    """The instructor's setup cells failed where the checks run: a grader problem."""
-
 
 class _ChecksTimeout(BaseException):
     """Raised in the checks process when one test's checks run past their time."""
@@ -325,88 +321,3 @@ def serve_request(request_path: str, result_path: str) -> None:
                 signal.setitimer(signal.ITIMER_REAL, 0)
             write({"grade_id": grade_id, "passed": outcome.passed, "message": outcome.message,
                    "printed": outcome.printed, "credit": outcome.credit})
-
-
-CHECKS_LAUNCHER = ("import sys; from autograder.checks import serve_request; "
-                   "serve_request(sys.argv[1], sys.argv[2])")
-START_MARGIN = 30.0  # seconds a checks process may take to start (a fresh one imports torch)
-
-
-def _run_process(request: dict, folder: str, fork_server) -> Tuple[List[dict], str]:
-    """Run one checks process on ``request``; the lines it wrote, and how it ended."""
-    import os
-    import signal
-    import subprocess
-    import sys
-    import tempfile
-    import time
-    handle, request_path = tempfile.mkstemp(prefix="checks-", suffix=".json", dir=folder)
-    with os.fdopen(handle, "w") as out:
-        json.dump(request, out)
-    result_path = request_path[:-len(".json")] + ".out"
-    open(result_path, "w").close()
-    deadline = time.monotonic() + START_MARGIN + request["timeout"] * len(request["tests"])
-    try:
-        if fork_server is not None:
-            from .kernels import ForkedProcess
-            process = ForkedProcess(fork_server.fork_checks(request_path, result_path))
-        else:
-            from .kernels import PACKAGE_ROOT
-            env = dict(os.environ)
-            env["PYTHONPATH"] = os.pathsep.join(
-                [str(PACKAGE_ROOT), *filter(None, [env.get("PYTHONPATH")])])
-            process = subprocess.Popen(
-                [sys.executable, "-c", CHECKS_LAUNCHER, request_path, result_path], env=env,
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL, start_new_session=True)
-        ended = "ended before giving its verdict (it crashed)"
-        try:
-            process.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            ended = "ran past its time limit and was stopped"
-            try:
-                os.killpg(process.pid, signal.SIGKILL)  # it, and anything it started
-            except (ProcessLookupError, PermissionError):
-                pass
-        if isinstance(process, subprocess.Popen):
-            process.wait()
-        with open(result_path) as handle:
-            lines = [json.loads(line) for line in handle if line.endswith("\n")]
-    finally:
-        for path in (request_path, result_path):
-            os.unlink(path)
-    return lines, ended
-
-
-def run_checks_isolated(setup_code: str, seed: int,
-                        tests: Sequence[Tuple[str, str, Optional[str]]], *, timeout: float,
-                        folder: str, fork_server=None) -> Dict[str, CheckOutcome]:
-    """Outcomes by grade id, as :func:`run_checks` gives them, from a process of their own.
-
-    The process is forked from ``fork_server`` (PyTorch already imported) or started
-    afresh. Each test's checks get ``timeout`` seconds; a test whose checks hang or crash
-    the process fails with a message saying so, and the tests after it run in a new
-    process. Raises :class:`ChecksSetupError` when the setup cells fail there.
-    """
-    pending = [test for test in tests if test[2] is not None]
-    outcomes: Dict[str, CheckOutcome] = {}
-    while pending:
-        request = {"setup_code": setup_code, "seed": int(seed), "timeout": float(timeout),
-                   "tests": [list(test) for test in pending]}
-        lines, ended = _run_process(request, folder, fork_server)
-        if not lines:
-            raise ChecksSetupError(f"the process running the checks {ended} before the "
-                                   "setup cells had run")
-        if "setup_error" in lines[0]:
-            raise ChecksSetupError(lines[0]["setup_error"])
-        for line in lines[1:]:
-            outcomes[line["grade_id"]] = CheckOutcome(
-                bool(line["passed"]), str(line["message"]), str(line["printed"]),
-                line["credit"])
-        pending = [test for test in pending if test[0] not in outcomes]
-        if pending:  # the first test without a verdict is the one that broke the process
-            grade_id = pending.pop(0)[0]
-            outcomes[grade_id] = CheckOutcome(
-                False, f"RuntimeError: the process running the checks of this test {ended}",
-                "")
-    return outcomes

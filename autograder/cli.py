@@ -8,7 +8,8 @@ import time
 from pathlib import Path
 from typing import List, Optional
 
-from .options import KERNELS, GiB, available_cores, default
+from .options import (CHECK_PROFILE, DEVICE_CHOICES, KERNELS, PROFILE_CHOICES, PROFILES, RETRIES,
+                      GiB, available_cores, default)
 
 
 def _positive(kind, zero: bool = False):
@@ -40,7 +41,7 @@ def parser() -> argparse.ArgumentParser:
     grade.add_argument("--jobs", type=_positive(int), default=available_cores(), metavar="N",
                        help="submissions graded at once, each in its own kernel "
                             "(default: the number of cores, %(default)s here)")
-    grade.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+    grade.add_argument("--device", choices=DEVICE_CHOICES, default=default("device"),
                        help="auto uses CUDA when PyTorch sees a GPU; GPU-only tests (grade_id "
                             "ending in _gpu) are skipped on the CPU")
     add_time_limits(grade)
@@ -50,7 +51,7 @@ def parser() -> argparse.ArgumentParser:
     grade.add_argument("--course", type=Path, default=Path("."), metavar="DIR",
                        help="the nbgrader course directory with the instructor's notebooks "
                             "(default: the current directory)")
-    grade.add_argument("--profile", choices=("auto", "quick", "full"), default="auto",
+    grade.add_argument("--profile", choices=PROFILE_CHOICES, default=default("profile"),
                        help="run profile for the notebooks (auto: full on CUDA, else quick)")
     add_kernel_options(grade)
     grade.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -61,7 +62,7 @@ def parser() -> argparse.ArgumentParser:
                             "with --resources GPU=1 take --device cuda work, and auto picks "
                             "cuda when some worker has a GPU. The course and the submissions "
                             "must be at the same paths on every machine (see README)")
-    grade.add_argument("--retries", type=_positive(int, zero=True), default=1, metavar="N",
+    grade.add_argument("--retries", type=_positive(int, zero=True), default=RETRIES, metavar="N",
                        help="with --scheduler: run a task that raised again on up to N more "
                             "tries (default %(default)s; tasks of workers that died are always "
                             "retried, up to the scheduler's allowed-failures)")
@@ -72,9 +73,9 @@ def parser() -> argparse.ArgumentParser:
     check.add_argument("notebook", type=Path, metavar="NOTEBOOK", help="your notebook")
     check.add_argument("--source", type=Path, default=None, metavar="RELEASED",
                        help="the released notebook to take the tests from (default: NOTEBOOK)")
-    check.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+    check.add_argument("--device", choices=DEVICE_CHOICES, default=default("device"),
                        help="auto uses CUDA when PyTorch sees a GPU (GPU-only tests need it)")
-    check.add_argument("--profile", choices=("quick", "full"), default="quick",
+    check.add_argument("--profile", choices=PROFILES, default=CHECK_PROFILE,
                        help="run profile for the notebook (default %(default)s)")
     add_time_limits(check)
     add_kernel_options(check)
@@ -104,14 +105,14 @@ def add_kernel_options(command: argparse.ArgumentParser) -> None:
                          "included (default %(default)s)")
 
 
-def grade_options(args: argparse.Namespace, device: str, profile: str,
-                  threads: Optional[int] = None, hidden=()):
-    """The one options object, from the command line's words."""
+def grade_options(args: argparse.Namespace, hidden=()):
+    """The one options object, from the command line's words (``auto`` left for the
+    runner to resolve)."""
     from .options import GradeOptions, Limits
-    return GradeOptions(device=device, profile=profile, kernel=args.kernel,
+    return GradeOptions(device=args.device, profile=args.profile, kernel=args.kernel,
                         limits=Limits(cell=args.cell_timeout, notebook=args.timeout),
                         memory=int(args.memory * GiB), disk=int(args.disk * GiB),
-                        processes=args.processes, threads=threads,
+                        processes=args.processes,
                         hidden=tuple(str(Path(p).resolve()) for p in hidden))
 
 
@@ -121,39 +122,27 @@ def _quiet_libraries() -> None:
         logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
-def _start_fork_server(args: argparse.Namespace, notebooks: List[Path]):
-    """Start the fork server first: it imports in the background while we import."""
-    from .kernels import ForkServer, fork_supported, notebook_imports
-    if args.kernel != "fork" or not fork_supported():
-        return None
-    return ForkServer(notebook_imports(notebooks))
-
-
 def _assignment_notebooks(args: argparse.Namespace) -> List[Path]:
     from .layout import Course
     return sorted(Course.discover(args.course).assignment_path(args.assignment).glob("*.ipynb"))
 
 
 def run_grade(args: argparse.Namespace) -> int:
-    """Choose the runner once (this machine or a Dask cluster), then grade."""
+    """Choose the runner once (this machine or a Dask cluster), then grade. The runner
+    starts its spawners first: a fork server imports while we import and prepare."""
+    notebooks = _assignment_notebooks(args)
     if args.scheduler:
         from .cluster import Cluster, ClusterError
         try:
-            with Cluster(args.scheduler, retries=args.retries) as cluster:
-                if args.kernel == "fork":  # the workers import while we prepare
-                    from .kernels import notebook_imports
-                    cluster.start_fork_servers(notebook_imports(_assignment_notebooks(args)))
+            with Cluster(args.scheduler, retries=args.retries, kernel=args.kernel,
+                         notebooks=notebooks) as cluster:
                 return _grade(args, cluster)
         except ClusterError as error:
             print(f"error: {error}", file=sys.stderr)
             return 2
     from .grade import LocalRunner
-    server = _start_fork_server(args, _assignment_notebooks(args))
-    try:
-        return _grade(args, LocalRunner(args.jobs, server))
-    finally:
-        if server is not None:
-            server.close()
+    with LocalRunner(args.jobs, args.kernel, notebooks) as runner:
+        return _grade(args, runner)
 
 
 def _grade(args: argparse.Namespace, runner) -> int:
@@ -169,24 +158,22 @@ def _grade(args: argparse.Namespace, runner) -> int:
         return 2
     # What needs no kernel comes first, while the fork servers do their imports.
     runner.prepare(sources)  # before anything is written
-    device = runner.device(args.device)
+    # Kernels see none of these: the course, every submission, the results, the gradebook.
+    hidden = [course.root, args.submitted, args.out]
+    if args.gradebook and args.gradebook.startswith("sqlite:///"):
+        hidden.append(Path(args.gradebook[len("sqlite:///"):]).resolve().parent)
+    options = runner.resolve(grade_options(args, hidden=hidden))
     writer = None
     if args.gradebook:
         from .gradebook import GradebookWriter
         writer = GradebookWriter(args.gradebook, course_id=course.course_id)
         writer.register_assignment(args.assignment, sources)
-    profile = args.profile if args.profile != "auto" else ("full" if device == "cuda" else "quick")
-    # Kernels see none of these: the course, every submission, the results, the gradebook.
-    hidden = [course.root, args.submitted, args.out]
-    if args.gradebook and args.gradebook.startswith("sqlite:///"):
-        hidden.append(Path(args.gradebook[len("sqlite:///"):]).resolve().parent)
-    options = grade_options(args, device, profile, threads=runner.kernel_threads(),
-                            hidden=hidden)
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     jobs = runner.threads()
     print(f"Grading {len(submissions)} notebook(s) of {args.assignment!r} from {args.submitted} "
-          f"on {device} (profile {profile}, {options.kernel} kernels, on {runner.describe()}); "
+          f"on {options.device} (profile {options.profile}, {options.kernel} kernels, on "
+          f"{runner.describe()}); "
           f"references from {course.assignment_path(args.assignment)}", flush=True)
 
     from tqdm import tqdm
@@ -220,19 +207,16 @@ def _grade(args: argparse.Namespace, runner) -> int:
 
 def run_check(args: argparse.Namespace) -> int:
     from .check import check, render
-    from .grade import resolve_device
+    from .grade import LocalRunner
     notebook = Path(args.notebook)
-    server = None
     try:
-        server = _start_fork_server(args, [Path(args.source or notebook)])
-        options = grade_options(args, resolve_device(args.device, server), args.profile)
-        report = check(notebook, source=args.source, options=options, fork_server=server)
+        with LocalRunner(1, args.kernel, [Path(args.source or notebook)]) as runner:
+            options = runner.resolve(grade_options(args))
+            report = check(notebook, source=args.source, options=options,
+                           spawner=runner.spawner)
     except ValueError as error:
         print(f"error: {args.notebook}: {error}", file=sys.stderr)
         return 2
-    finally:
-        if server is not None:
-            server.close()
     print(render(report))
     return 0 if report.all_passed else 1
 

@@ -9,10 +9,10 @@ its own, in a private working directory, under the same limits. Its
 results, the executed notebooks and the gradebook are written here, by the client, exactly
 as a local run writes them. Nothing but grading happens on the workers.
 
-* Kernels: every worker process starts one fork server for the client's connection, i.e.
-  for one grading run (:class:`ForkServerPlugin`, registered with the scheduler, so workers
-  that join later get one too), and closes it when the client disconnects or the worker
-  stops. The kernels are confined by the same sandbox as locally, with the rights the
+* Kernels: every worker process opens one spawner (a fork server, or fresh interpreters)
+  for the client's connection, i.e. for one grading run (:class:`SpawnerPlugin`, registered
+  with the scheduler, so workers that join later get one too), and closes it when the
+  client disconnects or the worker stops. The kernels are confined by the same sandbox as locally, with the rights the
   worker process has.
 * GPUs: with ``--device cuda`` each task asks for the worker resource ``GPU=1``, so only
   workers started with ``dask worker ADDRESS --resources GPU=1`` take it, one at a time per
@@ -43,16 +43,16 @@ import threading
 import uuid
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, Iterable, List, Optional
 
 from .grade import ERROR, GradeOptions, SubmissionResult, grade_submission
-from .kernels import PACKAGE_ROOT, ForkServer, fork_supported, notebook_imports
+from .imports import kernel_preload
 from .layout import SourceNotebook, Submission
+from .options import (KILLED_WORKER_ROUNDS, RETRIES, WORKERS_TIMEOUT, available_cores,
+                      default)
+from .spawn import PACKAGE_ROOT, Spawner, open_spawner
 
-WORKERS_TIMEOUT = 60.0     # seconds to wait for a first worker
-DEFAULT_RETRIES = 1        # re-runs of a task that raised (worker deaths are counted apart)
 GPU = "GPU"                # the worker resource a --device cuda task asks for
-KILLED_WORKER_ROUNDS = 2   # rounds of allowed-failures + 1 worker deaths before giving up
 
 
 class ClusterError(RuntimeError):
@@ -137,8 +137,8 @@ def support_digest(source: SourceNotebook) -> str:
 
 @dataclass(frozen=True)
 class RunSpec:
-    """What every task of one run shares: the fork server's name and the expected files."""
-    plugin: Optional[str]                 # the ForkServerPlugin's name; None: fresh kernels
+    """What every task of one run shares: the spawner plugin's name and the expected files."""
+    plugin: str                           # the SpawnerPlugin's name
     code: str                             # code_digest() on the client
     support: Dict[str, str]               # notebook -> support_digest() on the client
     threads_by_host: Dict[str, int] = field(default_factory=dict)  # Dask threads per machine
@@ -196,37 +196,34 @@ except ImportError:  # dask is optional: this module imports without it (the plu
     _WorkerPluginBase = object
 
 
-class ForkServerPlugin(_WorkerPluginBase):
-    """One fork server per worker process, for one grading run.
+class SpawnerPlugin(_WorkerPluginBase):
+    """One spawner per worker process, for one grading run.
 
-    Started in ``setup``, which runs on the worker's event-loop thread: the fork server
-    asks to be signalled when the thread that started it ends (``PR_SET_PDEATHSIG``), and
-    that thread lives as long as the worker process. Closed in ``teardown``, i.e. when the
+    Opened in ``setup``, which runs on the worker's event-loop thread: a fork server asks
+    to be signalled when the thread that started it ends (``PR_SET_PDEATHSIG``), and that
+    thread lives as long as the worker process. Closed in ``teardown``, i.e. when the
     client unregisters the plugin as it closes its connection, or when the worker stops.
     """
 
-    def __init__(self, preload: List[str]):
+    def __init__(self, kind: str, preload: List[str]):
+        self.kind = kind
         self.preload = list(preload)
-        self.server: Optional[ForkServer] = None
+        self.spawner: Optional[Spawner] = None
 
     def setup(self, worker) -> None:
         _quiet_worker()
-        if fork_supported():
-            self.server = ForkServer(self.preload)  # imports in the background
+        self.spawner = open_spawner(self.kind, self.preload)  # imports in the background
 
     def teardown(self, worker) -> None:
-        server, self.server = self.server, None
-        if server is not None:
-            server.close()
+        spawner, self.spawner = self.spawner, None
+        if spawner is not None:
+            spawner.close()
 
 
 def kernel_threads(worker, spec: RunSpec) -> int:
     """CPU threads per kernel: this machine's cores shared by the Dask threads on it."""
     from distributed.comm import get_address_host
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:
-        cores = os.cpu_count() or 1
+    cores = available_cores()
     on_host = spec.threads_by_host.get(get_address_host(worker.address), worker.state.nthreads)
     return max(1, cores // max(1, on_host))
 
@@ -237,11 +234,10 @@ def grade_task(submission: Submission, source: Optional[SourceNotebook], options
     from distributed import get_worker
     worker = get_worker()
     check_files(submission, source, spec, submitted, where=f"worker {worker.address}")
-    plugin = worker.plugins.get(spec.plugin) if spec.plugin else None
-    server = getattr(plugin, "server", None)
+    spawner = worker.plugins[spec.plugin].spawner
     if options.threads is None:
         options = replace(options, threads=kernel_threads(worker, spec))
-    return grade_submission(submission, source, options, fork_server=server)
+    return grade_submission(submission, source, options, spawner)
 
 
 # --------------------------------------------------------------------------------------
@@ -257,10 +253,13 @@ class Cluster:
     """A connection to a Dask scheduler that grades submissions on its workers."""
 
     def __init__(self, address: str, timeout: Optional[float] = None,
-                 workers_timeout: float = WORKERS_TIMEOUT, retries: int = DEFAULT_RETRIES):
+                 workers_timeout: float = WORKERS_TIMEOUT, retries: int = RETRIES,
+                 kernel: str = default("kernel"), notebooks: Optional[Iterable[Path]] = None):
         """Connect; ``timeout`` defaults to Dask's ``distributed.comm.timeouts.connect`` (30 s).
 
-        ``retries``: how often a task that raised is run again (worker deaths apart)."""
+        ``retries``: how often a task that raised is run again (worker deaths apart).
+        ``kernel``: the kind of the workers' spawners, started at once when the
+        ``notebooks`` to preload for are known (else by :meth:`prepare`)."""
         try:
             from distributed import Client
         except ImportError as error:
@@ -268,7 +267,9 @@ class Cluster:
                                f"(pip install -r requirements.txt): {error}") from None
         self.address = address
         self.retries = retries
-        self.plugin: Optional[str] = None  # the ForkServerPlugin, once started
+        self.kernel = kernel
+        self.plugin: Optional[str] = None  # the SpawnerPlugin's name, once started
+        self._checked: set = set()
         try:
             extra = {} if timeout is None else {"timeout": timeout}
             self.client = Client(address, set_as_default=False, **extra)
@@ -282,16 +283,18 @@ class Cluster:
             raise ClusterError(f"no worker joined the Dask scheduler at {address} within "
                                f"{workers_timeout:g} s: start some with `dask worker {address}`"
                                ) from None
+        if notebooks is not None:
+            self.start_spawners(kernel_preload(notebooks))
 
-    def start_fork_servers(self, preload: List[str]) -> str:
-        """Start a fork server on every worker (and any that joins) for this connection.
+    def start_spawners(self, preload: List[str]) -> str:
+        """Open a spawner on every worker (and any that joins) for this connection.
 
-        Returns the plugin's name. Started once; call early and the servers import in
-        the background while the client prepares. Stopped by :meth:`close`.
+        Returns the plugin's name. Started once; call early and fork servers import in
+        the background while the client prepares. Closed by :meth:`close`.
         """
         if self.plugin is None:
-            name = f"autograder-fork-server-{uuid.uuid4().hex[:12]}"
-            self.client.register_plugin(ForkServerPlugin(preload), name=name)
+            name = f"autograder-spawner-{uuid.uuid4().hex[:12]}"
+            self.client.register_plugin(SpawnerPlugin(self.kernel, preload), name=name)
             self.plugin = name
         return self.plugin
 
@@ -317,13 +320,26 @@ class Cluster:
         """Tasks the workers run at once (their threads), now."""
         return sum(info.get("nthreads", 1) for info in self.workers().values())
 
-    def kernel_threads(self) -> Optional[int]:
-        """None: each worker shares its own machine's cores out (see :func:`kernel_threads`)."""
-        return None
-
     def prepare(self, sources: Dict[str, SourceNotebook]) -> None:
-        """Before anything is written: the workers must run and see what we do."""
+        """Once per run, before anything is written: the workers must run and see what
+        we do; the spawners start; the graded views are computed here and sent along."""
+        key = tuple(sorted((name, str(s.path)) for name, s in sources.items()))
+        if key in self._checked:
+            return
         self.check_workers(sources)
+        self.start_spawners(kernel_preload(s.path for s in sources.values()))
+        for source in sources.values():
+            source.graded_view
+        self._checked.add(key)
+
+    def resolve(self, options: GradeOptions) -> GradeOptions:
+        """``auto`` -> ``cuda`` when some worker offers a GPU resource; ``cuda`` needs one.
+        Threads per kernel stay None: each worker shares its own machine's cores out."""
+        if options.device == "cuda" and not self.gpu_workers():
+            raise ClusterError(f"--device cuda, but no worker of the Dask scheduler at "
+                               f"{self.address} offers a {GPU} resource: start GPU workers "
+                               f"with `dask worker {self.address} --resources {GPU}=1`")
+        return replace(options.resolve(lambda: bool(self.gpu_workers())), kernel=self.kernel)
 
     def threads_by_host(self) -> Dict[str, int]:
         from distributed.comm import get_address_host
@@ -364,20 +380,6 @@ class Cluster:
                                                if len(problems) > 5 else "")
             raise ClusterError(f"the workers differ from this machine: {shown}")
 
-    def device(self, requested: str) -> str:
-        """``auto`` -> ``cuda`` when some worker offers a GPU resource; ``cuda`` needs one."""
-        if requested not in ("auto", "cpu", "cuda"):
-            raise ValueError(f"device must be auto, cpu or cuda, got {requested!r}")
-        if requested == "cpu":
-            return "cpu"
-        if self.gpu_workers():
-            return "cuda"
-        if requested == "cuda":
-            raise ClusterError(f"--device cuda, but no worker of the Dask scheduler at "
-                               f"{self.address} offers a {GPU} resource: start GPU workers "
-                               f"with `dask worker {self.address} --resources {GPU}=1`")
-        return "cpu"
-
     def describe(self) -> str:
         workers = self.workers()
         gpus = len(self.gpu_workers())
@@ -385,7 +387,7 @@ class Cluster:
                 f"{self.threads()} thread(s)" + (f", {gpus} with a GPU" if gpus else "") + ")")
 
     def grade(self, submissions: List[Submission], sources: Dict[str, SourceNotebook],
-              options: GradeOptions = GradeOptions(),
+              options: GradeOptions,
               on_result: Optional[Callable[[SubmissionResult], None]] = None,
               task: Callable = grade_task) -> List[SubmissionResult]:
         """Grade every submission on the workers; ``on_result`` sees each as it comes back.
@@ -396,15 +398,9 @@ class Cluster:
         from distributed import as_completed
         if not submissions:
             return []
-        self.check_workers(sources)
-        for source in sources.values():
-            source.graded_view  # computed once here and sent along, not on every worker
+        self.prepare(sources)
         run = uuid.uuid4().hex[:12]
-        plugin = None
-        if options.kernel == "fork":
-            plugin = self.start_fork_servers(
-                notebook_imports(s.path for s in sources.values()))
-        spec = RunSpec(plugin=plugin, code=code_digest(),
+        spec = RunSpec(plugin=self.plugin, code=code_digest(),
                        support={name: support_digest(s) for name, s in sources.items()},
                        threads_by_host=self.threads_by_host())
         resources = {GPU: 1} if options.device == "cuda" else None
@@ -466,17 +462,3 @@ class Cluster:
         except Exception as error:  # a grader bug or a lost task must still give a row
             message = f"the grader failed on the cluster: {_one_line(error)}"
         return SubmissionResult(submission, ERROR, message, device=options.device)
-
-
-def grade_on_cluster(submissions: List[Submission], sources: Dict[str, SourceNotebook],
-                     options: GradeOptions, scheduler_address: str,
-                     on_result: Optional[Callable[[SubmissionResult], None]] = None,
-                     retries: int = DEFAULT_RETRIES,
-                     task: Callable = grade_task) -> List[SubmissionResult]:
-    """Grade ``submissions`` on the Dask cluster at ``scheduler_address`` (see :class:`Cluster`).
-
-    The counterpart of :class:`autograder.grade.LocalRunner`: results in the order of
-    ``submissions``, ``on_result`` called here (in the caller's process) for each.
-    """
-    with Cluster(scheduler_address, retries=retries) as cluster:
-        return cluster.grade(submissions, sources, options, on_result=on_result, task=task)

@@ -19,6 +19,7 @@ lands in the kernel's working directory.
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 import shutil
 import tempfile
@@ -30,9 +31,11 @@ from typing import Dict, Optional
 
 import nbformat
 
-from .kernels import ForkServer, KernelLaunch, manager_class
-from .options import Limits, default
-from .sandbox import ResourceGroup
+from .cgroups import ResourceGroup
+from .kernel_manager import KernelLaunch, manager_class
+from .options import FLOOD_FACTOR, KERNEL_START_TIMEOUT, MEMORY_POLL, Limits, default
+from .processes import memory_of
+from .spawn import Spawner
 
 KERNEL_NAME = "python3"
 TIMEOUT_ENAME = "CellTimeoutError"
@@ -89,8 +92,7 @@ def _last_started(nb: nbformat.NotebookNode) -> str:
     return f"cell {grade_id!r}" if grade_id else f"cell {index + 1} of the executed notebook"
 
 
-OUTPUT_LIMIT = default("output_limit")  # bytes of output kept per notebook; more is dropped
-FLOOD_FACTOR = 4                # a kernel that prints this many times more is stopped
+ENGINE = "autograder"  # our papermill engine, registered once (see _register_engine)
 
 
 def _output_size(msg: dict) -> int:
@@ -101,67 +103,62 @@ def _output_size(msg: dict) -> int:
     return size + sum(len(str(line)) for line in content.get("traceback", []))
 
 
-class CappedClient:
-    """Builds papermill's notebook client with a cap on the output it keeps.
+@functools.lru_cache(maxsize=None)
+def _register_engine() -> str:
+    """Register the autograder's papermill engine, once per process.
 
-    Past ``limit`` bytes, outputs are dropped (one note says so); a kernel that goes on
-    to print ``FLOOD_FACTOR`` times the limit is stopped, so printing gigabytes costs the grader
-    neither memory nor time.
+    papermill's way of extending: one engine, with each run's own limits passed as keyword
+    arguments through ``execute_notebook_with_engine`` (``output_limit``, ``on_flood``).
+    The engine builds a notebook client that keeps at most ``output_limit`` bytes of
+    output (one note says the rest was dropped) and calls ``on_flood`` once a kernel has
+    printed ``FLOOD_FACTOR`` times that, so printing gigabytes costs the grader neither
+    memory nor time.
     """
-
-    def __init__(self, limit: int, on_flood):
-        self.limit, self.on_flood = limit, on_flood
-
-    def make(self, nb_man, **kwargs):
-        from papermill.clientwrap import PapermillNotebookClient
-        limit, on_flood = self.limit, self.on_flood
-
-        class Client(PapermillNotebookClient):
-            kept = 0
-            noted = False
-
-            def output(self, outs, msg, display_id, cell_index):
-                size = _output_size(msg)
-                Client.kept += size
-                if Client.kept <= limit:
-                    return super().output(outs, msg, display_id, cell_index)
-                if Client.kept > FLOOD_FACTOR * limit:
-                    on_flood()
-                if not Client.noted:
-                    Client.noted = True
-                    outs.append(nbformat.v4.new_output(
-                        "stream", name="stderr",
-                        text=f"[the autograder dropped further output: more than "
-                             f"{limit // 1024} KiB]\n"))
-                return None
-
-        return Client(nb_man, **kwargs)
-
-
-def _engine(client: CappedClient):
-    from papermill.engines import NBClientEngine
+    from papermill.clientwrap import PapermillNotebookClient
+    from papermill.engines import NBClientEngine, papermill_engines
     from papermill.utils import merge_kwargs, remove_args
+
+    class CappedClient(PapermillNotebookClient):
+        def __init__(self, nb_man, *, output_limit: int, on_flood, **kwargs):
+            super().__init__(nb_man, **kwargs)
+            self.output_limit, self.on_flood = output_limit, on_flood
+            self.kept, self.noted = 0, False
+
+        def output(self, outs, msg, display_id, cell_index):
+            self.kept += _output_size(msg)
+            if self.kept <= self.output_limit:
+                return super().output(outs, msg, display_id, cell_index)
+            if self.kept > FLOOD_FACTOR * self.output_limit:
+                self.on_flood()
+            if not self.noted:
+                self.noted = True
+                outs.append(nbformat.v4.new_output(
+                    "stream", name="stderr",
+                    text=f"[the autograder dropped further output: more than "
+                         f"{self.output_limit // 1024} KiB]\n"))
+            return None
 
     class CappedEngine(NBClientEngine):
         @classmethod
         def execute_managed_notebook(cls, nb_man, kernel_name, log_output=False,
-                                     stdout_file=None, stderr_file=None, start_timeout=60,
+                                     stdout_file=None, stderr_file=None,
+                                     start_timeout=KERNEL_START_TIMEOUT,
                                      execution_timeout=None, **kwargs):
             kwargs = remove_args(["input_path", "timeout", "startup_timeout"], **kwargs)
             final = merge_kwargs(kwargs, timeout=execution_timeout, startup_timeout=start_timeout,
                                  kernel_name=kernel_name, log=logging.getLogger("papermill"),
                                  log_output=log_output, stdout_file=stdout_file,
                                  stderr_file=stderr_file)
-            return client.make(nb_man, **final).execute()
+            return CappedClient(nb_man, **final).execute()
 
-    return CappedEngine
+    papermill_engines.register(ENGINE, CappedEngine)
+    return ENGINE
 
 
 def _watch_memory(launch: KernelLaunch, limit: int, done: threading.Event, seen: dict) -> None:
     """Poll the kernel's memory; kill it past ``limit`` bytes (the rlimit's back-up where
     no resource group bounds it)."""
-    from .sandbox import memory_of
-    while not done.wait(0.1):
+    while not done.wait(MEMORY_POLL):
         pid = launch.pid
         if not pid:
             continue
@@ -174,18 +171,17 @@ def _watch_memory(launch: KernelLaunch, limit: int, done: threading.Event, seen:
 
 
 def execute(nb: nbformat.NotebookNode, workdir: Path, *, parameters: Dict[str, object],
-            limits: Limits = Limits(), env: Optional[Dict[str, str]] = None,
-            fork_server: Optional[ForkServer] = None, threads: Optional[int] = None,
+            spawner: Spawner, limits: Limits = Limits(),
+            env: Optional[Dict[str, str]] = None, threads: Optional[int] = None,
             log: Optional[Path] = None, sandbox: Optional[dict] = None,
             memory_limit: Optional[int] = None,
-            output_limit: int = OUTPUT_LIMIT,
+            output_limit: int = default("output_limit"),
             group: Optional[ResourceGroup] = None) -> Execution:
     """Execute ``nb`` with papermill in a new kernel whose working directory is ``workdir``.
 
     ``parameters`` go into the notebook the papermill way (an ``injected-parameters``
     cell after the cell tagged ``parameters``); ``env`` is added to the kernel's
-    environment; ``fork_server`` (optional) forks the kernel instead of launching a new
-    interpreter; ``threads`` caps PyTorch/OpenMP threads in the kernel. ``group`` (the
+    environment; ``spawner`` starts the kernel's process (forked or fresh); ``threads`` caps PyTorch/OpenMP threads in the kernel. ``group`` (the
     kernel's cgroup, which ``sandbox`` names) bounds its memory; without one a watchdog
     stops a kernel that holds more than ``memory_limit`` bytes.
     """
@@ -200,7 +196,7 @@ def execute(nb: nbformat.NotebookNode, workdir: Path, *, parameters: Dict[str, o
     if sandbox:  # the kernel's Unix sockets: a folder of their own beside its working one
         sockets = Path(tempfile.mkdtemp(prefix="ipc-", dir=Path(workdir).parent))
         sandbox = {**sandbox, "sockets": str(sockets)}
-    launch = KernelLaunch(cwd=Path(workdir), env=dict(env or {}), fork_server=fork_server,
+    launch = KernelLaunch(cwd=Path(workdir), spawner=spawner, env=dict(env or {}),
                           threads=threads, log=str(log) if log else None, sandbox=sandbox,
                           sockets=sockets)
     watchdog = threading.Timer(limits.notebook, launch.kill)
@@ -211,8 +207,7 @@ def execute(nb: nbformat.NotebookNode, workdir: Path, *, parameters: Dict[str, o
         flooded.set()
         launch.kill()
 
-    engine = f"autograder-{id(launch)}"
-    papermill_engines.register(engine, _engine(CappedClient(output_limit, on_flood)))
+    engine = _register_engine()
     done, memory = threading.Event(), {}
     if memory_limit and group is None:
         threading.Thread(target=_watch_memory, args=(launch, memory_limit, done, memory),
@@ -223,7 +218,7 @@ def execute(nb: nbformat.NotebookNode, workdir: Path, *, parameters: Dict[str, o
     try:
         papermill_engines.execute_notebook_with_engine(
             engine, nb, kernel_name=KERNEL_NAME, input_path=None, output_path=None,
-            progress_bar=False, log_output=False, start_timeout=60,
+            progress_bar=False, log_output=False, start_timeout=KERNEL_START_TIMEOUT,
             execution_timeout=limits.cell, autosave_cell_every=0,
             kernel_manager_class=manager_class(launch),
             allow_errors=True, interrupt_on_timeout=True,
@@ -235,6 +230,7 @@ def execute(nb: nbformat.NotebookNode, workdir: Path, *, parameters: Dict[str, o
             },
             shutdown_kernel="immediate",
             on_cell_executed=_mark_timeout,
+            output_limit=output_limit, on_flood=on_flood,
         )
     except DeadKernelError:
         ended = "kernel-died"
@@ -253,7 +249,6 @@ def execute(nb: nbformat.NotebookNode, workdir: Path, *, parameters: Dict[str, o
     finally:
         watchdog.cancel()
         done.set()
-        papermill_engines._engines.pop(engine, None)
         launch.stop()  # whatever nbclient left running, and everything the kernel started
         if sockets is not None:
             shutil.rmtree(sockets, ignore_errors=True)

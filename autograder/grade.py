@@ -19,19 +19,24 @@ import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, Iterable, List, Optional, Protocol
 
 import nbformat
 
+from .cgroups import ResourceGroup
+from .checks import MIME, evidence_of
+from .checks_process import ChecksSetupError, run_checks_isolated
+from .device import cuda_available, resolve_device  # noqa: F401 - resolve_device: public
 from .execute import TIMEOUT_ENAME, Execution, execute
+from .imports import kernel_preload
 from .judge import FAILED, MANUAL, NOT_RUN, PARTIAL, PASSED, SKIPPED, TestResult, judge
-from .kernels import ForkServer, fork_supported, notebook_imports
 from .layout import SourceNotebook, Submission, notebook_from_bytes, submitted_bytes
-from .options import GradeOptions, available_cores
+from .options import COPY_BUDGET, KERNEL_CPU_MARGIN, GradeOptions, available_cores, default
+from .policy import Policy, closed_folders, python_paths, shown_paths
 from .rebuild import Rebuilt, TestCell, rebuild
-from .sandbox import Policy, ResourceGroup, closed_folders, python_paths, shown_paths
+from .spawn import Spawner, open_spawner
 
 GRADED, TIMEOUT, ERROR, INVALID = "graded", "timeout", "error", "invalid"
 STATUSES = (GRADED, TIMEOUT, ERROR, INVALID)
@@ -64,32 +69,9 @@ class SubmissionResult:
         return sum(t.outcome in outcomes for t in self.tests)
 
 
-def resolve_device(requested: str = "auto", fork_server: Optional[ForkServer] = None) -> str:
-    """``auto`` -> ``cuda`` when PyTorch sees a CUDA GPU, else ``cpu``.
-
-    With a fork server, it is asked (it has PyTorch imported already, and probes in a
-    throwaway child); else PyTorch is imported here.
-    """
-    if requested in ("cpu", "cuda"):
-        return requested
-    if requested != "auto":
-        raise ValueError(f"device must be auto, cpu or cuda, got {requested!r}")
-    if fork_server is not None:
-        return "cuda" if fork_server.cuda_available() else "cpu"
-    try:
-        import torch
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    except ImportError:
-        return "cpu"
-
-
 def planned_tests(source: SourceNotebook, device: str) -> Rebuilt:
     """The tests of ``source`` as a submission would get them (for max scores, preloads)."""
     return rebuild(source.graded_view, source.graded_view, device=device)
-
-
-COPY_BUDGET = 100 * 10**6  # bytes of a submission's folder copied at most (nbgrader's
-# collect step refuses files over 100 MB too); what lies beyond is not copied
 
 
 def _copy_tree(src: Path, dst: Path, budget: List[int]) -> None:
@@ -159,16 +141,15 @@ def sandbox_policy(submission: Submission, source: SourceNotebook, workdir: Path
         hidden.update(closed_folders(python_paths()))
     shown = shown_paths(hidden, python_paths())
     return Policy(workdir=str(workdir), memory=options.memory, file_size=options.file_size,
-                  disk=options.disk, cpu_seconds=int(options.limits.notebook) + 60,
+                  disk=options.disk, cpu_seconds=int(options.limits.notebook) + KERNEL_CPU_MARGIN,
                   hidden=tuple(sorted(hidden)), shown=shown,
                   cgroups=group.paths if group is not None else ())
 
 
 def trusted_checks(rebuilt: Rebuilt, executed: nbformat.NotebookNode, options: GradeOptions,
-                   fork_server: Optional[ForkServer] = None) -> Dict[str, object]:
+                   spawner: Spawner) -> Dict[str, object]:
     """Run the checks of every split test on what its probe reported, in a process of
-    this submission's own (see :func:`autograder.checks.run_checks_isolated`)."""
-    from .checks import evidence_of, run_checks_isolated
+    this submission's own (see :func:`autograder.checks_process.run_checks_isolated`)."""
     by_id = {cell.get("id"): cell for cell in executed.cells}
     work = []
     for test in rebuilt.tests:
@@ -182,7 +163,7 @@ def trusted_checks(rebuilt: Rebuilt, executed: nbformat.NotebookNode, options: G
         return {}
     return run_checks_isolated(rebuilt.setup_code, rebuilt.seed, work,
                                timeout=options.checks_timeout, folder=str(run_dir()),
-                               fork_server=fork_server)
+                               spawner=spawner)
 
 
 def test_seed(source: SourceNotebook, submission_bytes: bytes) -> int:
@@ -203,7 +184,6 @@ def for_the_record(executed: nbformat.NotebookNode, tests: List[TestCell],
                    results: List[TestResult]) -> nbformat.NotebookNode:
     """The executed notebook as instructors and feedback see it: test cells show what
     learners were shown of them, never hidden tests or the probes' reports."""
-    from .checks import MIME
     verdicts = {r.grade_id: r for r in results}
     by_id = {t.cell_id: t for t in tests}
     for cell in executed.cells:
@@ -276,17 +256,19 @@ def kernel_environment(workdir: Path, options: GradeOptions) -> Dict[str, str]:
 
 
 def grade_submission(submission: Submission, source: Optional[SourceNotebook],
-                     options: GradeOptions = GradeOptions(),
-                     fork_server: Optional[ForkServer] = None) -> SubmissionResult:
+                     options: GradeOptions, spawner: Spawner) -> SubmissionResult:
     """The one pipeline for one notebook: read it, rebuild it on the reference, run it in a
     sandboxed kernel of its own, run the trusted checks in a process of their own, judge
     every test. ``grade`` (here and on Dask workers) and ``check`` all call this.
 
     Nothing is written outside the grader's temporary run folder; reporting and the
-    gradebook are the caller's. ``fork_server`` is used when ``options.kernel`` is fork.
+    gradebook are the caller's. ``spawner`` starts the kernel and the checks process;
+    ``options`` must be resolved (a runner's :meth:`Runner.resolve`).
     """
+    if not options.resolved:
+        raise ValueError(f"options with device {options.device!r} and profile "
+                         f"{options.profile!r}: resolve them first (Runner.resolve)")
     start = time.perf_counter()
-    server = fork_server if options.kernel == "fork" else None
 
     def finish(result: SubmissionResult) -> SubmissionResult:
         result.seconds = round(time.perf_counter() - start, 3)
@@ -326,7 +308,7 @@ def grade_submission(submission: Submission, source: Optional[SourceNotebook],
                             parameters={"autograder_device": options.device,
                                         "autograder_profile": options.profile},
                             limits=options.limits, env=kernel_environment(workdir, options),
-                            fork_server=server, threads=options.threads, log=log,
+                            spawner=spawner, threads=options.threads, log=log,
                             sandbox=policy.to_dict(), memory_limit=options.memory_limit,
                             output_limit=options.output_limit, group=group)
     finally:
@@ -336,9 +318,8 @@ def grade_submission(submission: Submission, source: Optional[SourceNotebook],
         if not options.keep_workdirs:
             shutil.rmtree(workdir, ignore_errors=True)
 
-    from .checks import ChecksSetupError
     try:
-        checked = trusted_checks(rebuilt, execution.notebook, options, server)
+        checked = trusted_checks(rebuilt, execution.notebook, options, spawner)
     except ChecksSetupError as error:  # the instructor's setup code failed: a grader problem
         result = SubmissionResult(submission, ERROR, f"the grader could not run the checks: "
                                   f"{error}", device=options.device)
@@ -365,21 +346,55 @@ def grade_submission(submission: Submission, source: Optional[SourceNotebook],
     return finish(result)
 
 
-class LocalRunner:
-    """Grades on this machine: ``jobs`` submissions at once, each in its own kernel.
+class Runner(Protocol):
+    """Where a run's submissions are graded: :class:`LocalRunner` here, or
+    :class:`autograder.cluster.Cluster` on Dask workers. A runner owns the run's spawner(s)
+    and is closed when the run ends (it is a context manager)."""
 
-    With ``options.kernel`` fork, kernels (and the trusted checks) are forked from a fork
-    server that has already imported what the instructor's notebooks import (see
-    :mod:`.kernels`); a ``fork_server`` the caller started is used and left running, else
-    one is started for the run. :class:`autograder.cluster.Cluster` is the other runner.
-    """
-
-    def __init__(self, jobs: int = 1, fork_server: Optional[ForkServer] = None):
-        self.jobs = max(1, int(jobs))
-        self.fork_server = fork_server
+    def describe(self) -> str:
+        """Where it grades, in words."""
 
     def threads(self) -> int:
         """Submissions graded at once."""
+
+    def prepare(self, sources: Dict[str, SourceNotebook]) -> None:
+        """Work done once per run before anything is written or any kernel starts."""
+
+    def resolve(self, options: GradeOptions) -> GradeOptions:
+        """``options`` as this runner grades with them: ``auto`` device and profile
+        decided, the kernel kind its spawner has."""
+
+    def grade(self, submissions: List[Submission], sources: Dict[str, SourceNotebook],
+              options: GradeOptions,
+              on_result: Optional[Callable[[SubmissionResult], None]] = None
+              ) -> List[SubmissionResult]:
+        """Every submission's result, in their order; ``on_result`` sees each as it comes."""
+
+    def close(self) -> None:
+        """Stop what the run started (fork servers)."""
+
+
+class LocalRunner:
+    """Grades on this machine: ``jobs`` submissions at once, each in its own kernel.
+
+    It owns the run's spawner (:func:`autograder.spawn.open_spawner`, of the ``kernel``
+    kind): started at once when the ``notebooks`` to preload for are known, so a fork
+    server imports while the caller does its own work, else by :meth:`prepare`. A
+    ``spawner`` the caller passes is used and left running.
+    """
+
+    def __init__(self, jobs: int = 1, kernel: str = default("kernel"),
+                 notebooks: Optional[Iterable[Path]] = None,
+                 spawner: Optional[Spawner] = None):
+        self.jobs = max(1, int(jobs))
+        self.kernel = kernel
+        self.spawner = spawner
+        self._own_spawner = spawner is None
+        self._prepared: set = set()
+        if spawner is None and notebooks is not None:
+            self.spawner = open_spawner(kernel, kernel_preload(notebooks))
+
+    def threads(self) -> int:
         return self.jobs
 
     def kernel_threads(self) -> int:
@@ -389,43 +404,60 @@ class LocalRunner:
     def describe(self) -> str:
         return f"this machine, {self.jobs} job(s)"
 
-    def device(self, requested: str) -> str:
-        return resolve_device(requested, self.fork_server)
+    def _spawner(self, sources: Dict[str, SourceNotebook]) -> Spawner:
+        if self.spawner is None:
+            self.spawner = open_spawner(self.kernel,
+                                        kernel_preload(s.path for s in sources.values()))
+        return self.spawner
 
     def prepare(self, sources: Dict[str, SourceNotebook]) -> None:
-        """Work done once per run before any kernel starts."""
+        key = tuple(sorted((name, str(s.path)) for name, s in sources.items()))
+        if key in self._prepared:
+            return
+        self._spawner(sources)
         for source in sources.values():
-            source.graded_view
+            source.graded_view  # once, not concurrently in the threads
+        self._prepared.add(key)
+
+    def resolve(self, options: GradeOptions) -> GradeOptions:
+        spawner = self._spawner({})
+        options = options.resolve(lambda: cuda_available(spawner))
+        return replace(options, kernel=spawner.kind,
+                       threads=options.threads or self.kernel_threads())
 
     def grade(self, submissions: List[Submission], sources: Dict[str, SourceNotebook],
-              options: GradeOptions = GradeOptions(),
+              options: GradeOptions,
               on_result: Optional[Callable[[SubmissionResult], None]] = None
               ) -> List[SubmissionResult]:
         """Grade every submission; ``on_result`` sees each as it finishes. Results come
         back in the order of ``submissions``."""
-        self.prepare(sources)  # not concurrently in the threads
-        server, own_server = (self.fork_server if options.kernel == "fork" else None), False
-        if options.kernel == "fork" and server is None and fork_supported() and submissions:
-            server = ForkServer(notebook_imports(s.path for s in sources.values()))
-            own_server = True
+        self.prepare(sources)
+        spawner = self._spawner(sources)
         results: Dict[int, SubmissionResult] = {}
-        try:
-            with ThreadPoolExecutor(max_workers=self.jobs, thread_name_prefix="grade") as pool:
-                futures = {pool.submit(grade_submission, sub, sources.get(sub.notebook),
-                                       options, server): index
-                           for index, sub in enumerate(submissions)}
-                for future in as_completed(futures):
-                    index = futures[future]
-                    try:
-                        result = future.result()
-                    except Exception as error:  # a grader bug must still give the student a row
-                        result = SubmissionResult(submissions[index], ERROR, f"the grader failed: "
-                                                  f"{type(error).__name__}: {error}",
-                                                  device=options.device)
-                    results[index] = result
-                    if on_result is not None:
-                        on_result(result)
-        finally:
-            if own_server:
-                server.close()
+        with ThreadPoolExecutor(max_workers=self.jobs, thread_name_prefix="grade") as pool:
+            futures = {pool.submit(grade_submission, sub, sources.get(sub.notebook),
+                                   options, spawner): index
+                       for index, sub in enumerate(submissions)}
+            for future in as_completed(futures):
+                index = futures[future]
+                try:
+                    result = future.result()
+                except Exception as error:  # a grader bug must still give the student a row
+                    result = SubmissionResult(submissions[index], ERROR, f"the grader failed: "
+                                              f"{type(error).__name__}: {error}",
+                                              device=options.device)
+                results[index] = result
+                if on_result is not None:
+                    on_result(result)
         return [results[i] for i in range(len(submissions))]
+
+    def close(self) -> None:
+        if self._own_spawner and self.spawner is not None:
+            self.spawner.close()
+            self.spawner = None
+
+    def __enter__(self) -> "LocalRunner":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -5,20 +5,42 @@ check`` build one :class:`GradeOptions` and hand it to the one pipeline,
 :func:`autograder.grade.grade_submission`; the command line takes its defaults from the
 class, so no entry point can drift from another.
 
-This module imports nothing heavy: the command line reads it before anything else.
+This module imports nothing heavy (the standard library, :mod:`.spawn`): the command line
+reads it before anything else.
 """
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, fields
-from typing import Optional, Tuple
+from dataclasses import dataclass, field, fields, replace
+from typing import Callable, Optional, Tuple
+
+from .spawn import KINDS
 
 GiB = 1024 ** 3
 MiB = 1024 ** 2
 
+AUTO = "auto"                   # device or profile: decided by the runner (see resolve)
 DEVICES = ("cpu", "cuda")
 PROFILES = ("quick", "full")
-KERNELS = ("fork", "fresh")
+KERNELS = KINDS                 # "fork": from a warm fork server; "fresh": new interpreters
+DEVICE_CHOICES = (AUTO, *DEVICES)
+PROFILE_CHOICES = (AUTO, *PROFILES)
+CHECK_PROFILE = "quick"         # `check`'s profile: a learner's answer in seconds
+
+# Limits that have no option of their own.
+KERNEL_START_TIMEOUT = 60.0     # seconds a kernel may take to start and answer
+CHECKS_START_MARGIN = 30.0      # seconds a checks process may take to start (a fresh one
+#                                 imports PyTorch), on top of checks_timeout per test
+KERNEL_CPU_MARGIN = 60          # CPU seconds (RLIMIT_CPU) beyond the notebook's time limit
+KERNEL_CPU_SECONDS = 3600       # RLIMIT_CPU of a policy made without options
+KERNEL_OPEN_FILES = 512         # RLIMIT_NOFILE of a kernel
+FLOOD_FACTOR = 4                # a kernel printing this many times output_limit is stopped
+MEMORY_POLL = 0.1               # seconds between looks at a kernel's memory (no cgroup)
+COPY_BUDGET = 100 * 10**6       # bytes of a submission's folder copied at most (nbgrader's
+#                                 collect step refuses files over 100 MB too)
+WORKERS_TIMEOUT = 60.0          # seconds a Dask run waits for a first worker
+RETRIES = 1                     # Dask: re-runs of a task that raised (deaths counted apart)
+KILLED_WORKER_ROUNDS = 2        # Dask: rounds of allowed-failures + 1 worker deaths
 
 
 @dataclass(frozen=True)
@@ -37,8 +59,8 @@ class Limits:
 @dataclass(frozen=True)
 class GradeOptions:
     """How one notebook is graded. Sizes in bytes, times in seconds."""
-    device: str = "cpu"             # "cpu" or "cuda" (resolve "auto" first: resolve_device)
-    profile: str = "quick"          # the run profile the notebooks run in
+    device: str = AUTO              # "cpu", "cuda", or "auto": CUDA where PyTorch sees a GPU
+    profile: str = AUTO             # "quick", "full", or "auto": full on CUDA, else quick
     kernel: str = "fork"            # "fork": from a warm fork server; "fresh": a new interpreter
     limits: Limits = field(default_factory=Limits)
     checks_timeout: float = 60.0    # the trusted checks of one test cell
@@ -54,16 +76,31 @@ class GradeOptions:
     hidden: Tuple[str, ...] = ()    # more folders kernels must not see (course, output)
 
     def __post_init__(self):
-        if self.device not in DEVICES:
-            raise ValueError(f"device must be one of {DEVICES}, got {self.device!r}")
-        if self.profile not in PROFILES:
-            raise ValueError(f"profile must be one of {PROFILES}, got {self.profile!r}")
+        if self.device not in DEVICE_CHOICES:
+            raise ValueError(f"device must be one of {DEVICE_CHOICES}, got {self.device!r}")
+        if self.profile not in PROFILE_CHOICES:
+            raise ValueError(f"profile must be one of {PROFILE_CHOICES}, got {self.profile!r}")
         if self.kernel not in KERNELS:
             raise ValueError(f"kernel must be one of {KERNELS}, got {self.kernel!r}")
         for name in ("checks_timeout", "memory", "file_size", "disk", "processes",
                      "output_limit"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")
+
+    @property
+    def resolved(self) -> bool:
+        """Whether device and profile are decided (what grading a submission needs)."""
+        return self.device != AUTO and self.profile != AUTO
+
+    def resolve(self, cuda_available: Callable[[], bool]) -> "GradeOptions":
+        """These options with ``auto`` decided: the device by ``cuda_available()`` (asked
+        only when needed), the profile by the device (full on CUDA, else quick)."""
+        device = self.device
+        if device == AUTO:
+            device = "cuda" if cuda_available() else "cpu"
+        profile = self.profile if self.profile != AUTO else ("full" if device == "cuda"
+                                                              else "quick")
+        return replace(self, device=device, profile=profile)
 
     @property
     def memory_limit(self) -> int:

@@ -205,9 +205,11 @@ def task_latency(address: str, count: int = 50) -> tuple:
 def checks_cost(course: Path, assignment: str, notebook: str, repeats: int = 20) -> tuple:
     """Median seconds of one submission's trusted checks (the instructor's solution, every
     split test) run in the grader's own process and in a forked process of their own."""
-    from autograder.checks import evidence_of, run_checks, run_checks_isolated
+    from autograder.checks import evidence_of, run_checks
+    from autograder.checks_process import run_checks_isolated
     from autograder.execute import execute
-    from autograder.kernels import ForkServer, notebook_imports
+    from autograder.imports import kernel_preload
+    from autograder.spawn import ForkServer
     from autograder.layout import Course
     from autograder.rebuild import rebuild
     source = Course.discover(course).source_notebooks(assignment)[notebook]
@@ -216,9 +218,9 @@ def checks_cost(course: Path, assignment: str, notebook: str, repeats: int = 20)
     import nbformat
     nb = nbformat.read(submitted / assignment / f"{notebook}.ipynb", as_version=4)
     rebuilt = rebuild(source.graded_view, nb, seed=12345)
-    with ForkServer(notebook_imports([source.path])) as server, \
+    with ForkServer(kernel_preload([source.path])) as server, \
             tempfile.TemporaryDirectory() as folder:
-        executed = execute(rebuilt.notebook, Path(folder), fork_server=server,
+        executed = execute(rebuilt.notebook, Path(folder), spawner=server,
                            parameters={"autograder_device": "cpu", "autograder_profile": "quick"})
         cells = {c.get("id"): c for c in executed.notebook.cells}
         work = [(t.grade_id, t.checks, evidence_of(cells[t.cell_id])[0][0])
@@ -230,7 +232,7 @@ def checks_cost(course: Path, assignment: str, notebook: str, repeats: int = 20)
             in_process.append(time.perf_counter() - start)
             start = time.perf_counter()
             run_checks_isolated(rebuilt.setup_code, rebuilt.seed, work, timeout=60,
-                                folder=folder, fork_server=server)
+                                folder=folder, spawner=server)
             isolated.append(time.perf_counter() - start)
     return len(work), statistics.median(in_process), statistics.median(isolated)
 

@@ -41,11 +41,11 @@ def one_cell_notebook():
         "name": "python3", "language": "python", "display_name": "Python 3"}})
 
 
-def kernel_run(fork_server, isolated: bool) -> float:
+def kernel_run(spawner, isolated: bool) -> float:
     from autograder.execute import execute
     from autograder.grade import run_dir
-    from autograder.sandbox import (Policy, ResourceGroup, closed_folders, python_paths,
-                                    shown_paths)
+    from autograder.cgroups import ResourceGroup
+    from autograder.policy import Policy, closed_folders, python_paths, shown_paths
     workdir = Path(tempfile.mkdtemp(prefix="submission-", dir=run_dir()))
     group, sandbox = None, None
     if isolated:
@@ -56,7 +56,7 @@ def kernel_run(fork_server, isolated: bool) -> float:
                          cgroups=group.paths if group else ()).to_dict()
     start = time.perf_counter()
     try:
-        done = execute(one_cell_notebook(), workdir, parameters={}, fork_server=fork_server,
+        done = execute(one_cell_notebook(), workdir, parameters={}, spawner=spawner,
                        sandbox=sandbox, group=group,
                        env={"HOME": str(workdir), "TMPDIR": str(workdir)})
     finally:
@@ -79,14 +79,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=10)
     args = parser.parse_args()
-    from autograder.kernels import ForkServer
+    from autograder.imports import KERNEL_MODULES
+    from autograder.spawn import ForkServer, FreshInterpreter
     rows = []
-    with ForkServer(["torch", "dlperf"]) as server:
+    with ForkServer([*KERNEL_MODULES, "torch", "dlperf"]) as server:
         server.wait_ready()
         kernel_run(server, True)  # warm the page cache and the server's first fork
         for name, fork, isolated in (("forked from the warm server, no isolation", server, False),
                                      ("forked from the warm server, full isolation", server, True),
-                                     ("fresh interpreter (--kernel fresh), full isolation", None,
+                                     ("fresh interpreter (--kernel fresh), full isolation",
+                                      FreshInterpreter(),
                                       True)):
             rows.append((name, [kernel_run(fork, isolated) for _ in range(args.repeats)]))
     python = [sys.executable, "-c", f"import ipykernel.kernelapp; {IMPORTS}"]

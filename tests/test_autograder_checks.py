@@ -6,8 +6,9 @@ import threading
 
 import pytest
 
-from autograder.checks import ChecksSetupError, run_checks, run_checks_isolated
-from autograder.kernels import ForkServer
+from autograder.checks import run_checks
+from autograder.checks_process import ChecksSetupError, run_checks_isolated
+from autograder.spawn import ForkServer, FreshInterpreter
 
 SETUP = "import torch\nTEST_SEED = 0\ndef double(x):\n    return 2 * x"
 
@@ -27,7 +28,8 @@ def isolated(request, server, tmp_path):
     """run_checks_isolated, from the fork server or from a fresh interpreter."""
     def run(tests, setup=SETUP, timeout=20.0, seed=7):
         return run_checks_isolated(setup, seed, tests, timeout=timeout, folder=str(tmp_path),
-                                   fork_server=server if request.param == "fork" else None)
+                                   spawner=server if request.param == "fork"
+                                   else FreshInterpreter())
     return run
 
 
@@ -70,17 +72,17 @@ def test_global_state_does_not_cross_between_submissions(server, tmp_path):
     same time in another thread, draw from it: each draws what it would alone."""
     draw = "value = torch.rand(3).tolist()"
     alone = run_checks_isolated(SETUP, 1, [("draw", f"{draw}\nprint(value)", report())],
-                                timeout=20, folder=str(tmp_path), fork_server=server)
+                                timeout=20, folder=str(tmp_path), spawner=server)
     seen = []
 
     def meddle():
         run_checks_isolated(SETUP, 1, [("meddles", "torch.manual_seed(123)\n"
                                         "torch.set_default_dtype(torch.float64)", report())],
-                            timeout=20, folder=str(tmp_path), fork_server=server)
+                            timeout=20, folder=str(tmp_path), spawner=server)
 
     def read():
         seen.append(run_checks_isolated(SETUP, 1, [("draw", f"{draw}\nprint(value)", report())],
-                                        timeout=20, folder=str(tmp_path), fork_server=server))
+                                        timeout=20, folder=str(tmp_path), spawner=server))
 
     for _ in range(5):
         threads = [threading.Thread(target=meddle), threading.Thread(target=read)]

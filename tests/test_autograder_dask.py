@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from autograder.cluster import grade_on_cluster, grade_task
+from autograder.cluster import Cluster, grade_task
 from autograder.execute import Limits
 from autograder.grade import ERROR, GRADED, GradeOptions, SubmissionResult
 from autograder.layout import Course, find_submissions
@@ -101,6 +101,12 @@ def test_cluster_grades_exactly_as_the_local_run(cluster, tmp_path):
     assert executed == sorted(p.relative_to(local[0]) for p in local[0].rglob("*.ipynb"))
 
 
+def grade_on(address, submissions, sources, task=grade_task):
+    """What ``python -m autograder grade --scheduler`` does: one Cluster, its grade()."""
+    with Cluster(address) as cluster:
+        return cluster.grade(submissions, sources, OPTIONS, task=task)
+
+
 def _worker_busy_with(client, marker: str):
     """(worker address, pid of its process) of a worker now running a task with marker."""
     for address, keys in client.processing().items():
@@ -116,8 +122,8 @@ def test_a_worker_killed_mid_run_loses_no_submission(cluster, tmp_path):
     submissions = find_submissions(tmp_path, "demo", notebooks=["demo"])
     sources = Course.discover(COURSE).source_notebooks("demo")
     outcome = {}
-    grading = threading.Thread(target=lambda: outcome.update(results=grade_on_cluster(
-        submissions, sources, OPTIONS, cluster.address)))
+    grading = threading.Thread(target=lambda: outcome.update(results=grade_on(
+        cluster.address, submissions, sources)))
     grading.start()
     victim, deadline = None, time.monotonic() + 60
     while victim is None and grading.is_alive():
@@ -158,7 +164,7 @@ def test_a_kernel_on_a_worker_cannot_reach_the_scheduler(cluster, tmp_path):
         squares=NATIVE_CONNECT.format(host=host, port=port) + GOOD_SQUARES))
     submissions = find_submissions(tmp_path, "demo", notebooks=["demo"])
     sources = Course.discover(COURSE).source_notebooks("demo")
-    [result] = grade_on_cluster(submissions, sources, OPTIONS, cluster.address)
+    [result] = grade_on(cluster.address, submissions, sources)
     printed = [output.get("text", "") for cell in result.executed.cells
                for output in cell.get("outputs", []) if output.get("output_type") == "stream"]
     assert any("connect returned -1" in text for text in printed), printed
@@ -179,8 +185,7 @@ def test_a_submission_that_kills_every_worker_gets_an_error_row(cluster, tmp_pat
     submissions = find_submissions(tmp_path, "demo", notebooks=["demo"])
     sources = Course.discover(COURSE).source_notebooks("demo")
     cluster.client.wait_for_workers(2, timeout=120)
-    results = grade_on_cluster(submissions, sources, OPTIONS, cluster.address,
-                               task=kills_its_worker)
+    results = grade_on(cluster.address, submissions, sources, task=kills_its_worker)
     by_student = {r.submission.student_id: r for r in results}
     assert (by_student["correct"].status, by_student["correct"].score) == (GRADED, CPU_MAX_SCORE), \
         by_student["correct"].message
@@ -205,7 +210,7 @@ def test_a_worker_that_cannot_see_the_submission_says_so(cluster, tmp_path):
 
 def _spec(sources):
     from autograder.cluster import RunSpec, code_digest, support_digest
-    return RunSpec(plugin=None, code=code_digest(),
+    return RunSpec(plugin="never-reached", code=code_digest(),
                    support={name: support_digest(s) for name, s in sources.items()})
 
 
@@ -236,11 +241,13 @@ def test_unreachable_scheduler_is_a_usage_error(tmp_path):
 
 @pytest.mark.integration
 def test_cuda_without_gpu_workers_is_a_usage_error(cluster, tmp_path):
-    from autograder.cluster import Cluster, ClusterError
+    from autograder.cluster import ClusterError
     with Cluster(cluster.address) as connected:
-        assert connected.device("auto") == "cpu" and connected.device("cpu") == "cpu"
+        resolved = connected.resolve(GradeOptions())
+        assert (resolved.device, resolved.profile) == ("cpu", "quick")
+        assert connected.resolve(GradeOptions(device="cpu")).device == "cpu"
         with pytest.raises(ClusterError, match="--resources GPU=1"):
-            connected.device("cuda")
+            connected.resolve(GradeOptions(device="cuda"))
 
 
 def where_it_ran(submission, source, options, spec, submitted):
@@ -251,7 +258,6 @@ def where_it_ran(submission, source, options, spec, submitted):
 
 @pytest.mark.integration
 def test_cuda_submissions_go_only_to_workers_with_a_gpu(cluster, tmp_path):
-    from autograder.cluster import Cluster
     for n in range(4):
         write(tmp_path, f"s{n}", answered())
     submissions = find_submissions(tmp_path, "demo", notebooks=["demo"])
@@ -262,7 +268,7 @@ def test_cuda_submissions_go_only_to_workers_with_a_gpu(cluster, tmp_path):
     try:
         cluster.client.wait_for_workers(3, timeout=120)
         with Cluster(cluster.address) as connected:
-            assert connected.device("auto") == "cuda"
+            assert connected.resolve(GradeOptions()).device == "cuda"
             gpu_workers = connected.gpu_workers()
             assert len(gpu_workers) == 1
             results = connected.grade(submissions, sources,

@@ -1,4 +1,4 @@
-"""autograder.execute and autograder.kernels: one kernel process per notebook, with limits.
+"""autograder.execute, .kernel_manager and .spawn: one kernel process per notebook, with limits.
 
 These start real kernels (about a second each), on tiny notebooks that import nothing heavy.
 """
@@ -11,7 +11,8 @@ import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
 from autograder.execute import TIMEOUT_ENAME, Limits, execute
-from autograder.kernels import (ForkServer, fork_supported, imported_modules, notebook_imports)
+from autograder.imports import imported_modules, notebook_imports
+from autograder.spawn import ForkServer, FreshInterpreter, fork_supported
 from tests.autograder_fixtures.submissions import SOURCE
 
 KERNELS = ["fresh"] + (["fork"] if fork_supported() else [])
@@ -37,8 +38,8 @@ def notebook(*sources):
 
 def run(nb, tmp_path, kernel, server=None, **kwargs):
     kwargs.setdefault("limits", Limits(cell=20, notebook=60))
-    return execute(nb, tmp_path, parameters={"x": 5}, fork_server=server if kernel == "fork"
-                   else None, **kwargs)
+    return execute(nb, tmp_path, parameters={"x": 5},
+                   spawner=server if kernel == "fork" else FreshInterpreter(), **kwargs)
 
 
 def cell_by_id(nb, cell_id):
@@ -110,7 +111,8 @@ def test_forked_kernels_are_separate_processes(tmp_path, server):
 def test_fork_server_reports_what_it_could_not_import(server):
     assert "json" in server.preloaded
     assert "no_such_module_for_the_test" in server.failed
-    assert server.cuda_available() in (True, False)
+    from autograder.device import cuda_available
+    assert cuda_available(server) in (True, False)
 
 
 def test_imports_are_read_from_code_and_notebooks():

@@ -9,6 +9,7 @@ import pytest
 from autograder.execute import Limits
 from autograder.grade import (ERROR, GRADED, INVALID, GradeOptions, LocalRunner, grade_submission,
                               prepare_workdir, resolve_device)
+from autograder.spawn import FreshInterpreter
 from autograder.judge import PASSED, SKIPPED
 from autograder.layout import Course, find_submissions
 from tests.autograder_fixtures.submissions import (COURSE, CPU_MAX_SCORE, answered, graded_cases,
@@ -46,7 +47,7 @@ def test_grade_submission_is_one_result_object(tmp_path, sources):
     (tmp_path / "ann" / "demo" / "notes.txt").write_text("the learner's own file")
     submission = find_submissions(tmp_path, "demo")[0]
     before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
-    result = grade_submission(submission, sources["demo"], OPTIONS)
+    result = grade_submission(submission, sources["demo"], OPTIONS, FreshInterpreter())
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
     assert (result.status, result.score, result.max_score) == (GRADED, CPU_MAX_SCORE, CPU_MAX_SCORE)
     assert [t.outcome for t in result.tests].count(SKIPPED) == 1
@@ -73,7 +74,8 @@ def test_unreadable_or_missing_notebooks_are_invalid(tmp_path, sources):
     (tmp_path / "bob" / "demo").mkdir(parents=True)
     write(tmp_path, "cat", answered(), notebook="surprise")
     subs = find_submissions(tmp_path, "demo", notebooks=["demo"])
-    results = [grade_submission(s, sources.get(s.notebook), OPTIONS) for s in subs]
+    results = [grade_submission(s, sources.get(s.notebook), OPTIONS, FreshInterpreter())
+               for s in subs]
     assert [(r.submission.student_id, r.status) for r in results] == [
         ("ann", INVALID), ("bob", INVALID), ("cat", INVALID), ("cat", INVALID)]
     assert "is not a Jupyter notebook" in results[0].message
@@ -93,8 +95,9 @@ def test_local_runner_gives_each_case_its_score(tmp_path, sources, kernel):
     write(tmp_path, "crashes", answered(squares="import os\nos._exit(1)"))
     submissions = find_submissions(tmp_path, "demo", notebooks=["demo"])
     seen = []
-    results = LocalRunner(jobs=2).grade(submissions, sources, replace(OPTIONS, kernel=kernel),
-                                        on_result=seen.append)
+    with LocalRunner(jobs=2, kernel=kernel) as runner:
+        results = runner.grade(submissions, sources, replace(OPTIONS, kernel=kernel),
+                               on_result=seen.append)
     assert len(seen) == len(results) == len(submissions)
     by_student = {r.submission.student_id: r for r in results}
     assert [r.submission for r in results] == submissions

@@ -1,4 +1,4 @@
-"""Each layer of a kernel's isolation (autograder/sandbox.py), seen from inside the kernel.
+"""Each layer of a kernel's isolation (autograder/confine.py, audit.py, cgroups.py), seen from inside the kernel.
 
 A real kernel, confined the way the grader confines a submission's, reports what it sees;
 each test checks one layer on its own, so that one layer failing cannot hide behind
@@ -18,9 +18,9 @@ from nbformat.v4 import new_code_cell, new_notebook
 
 from autograder.execute import Limits, execute
 from autograder.grade import run_dir
-from autograder.kernels import ForkServer, fork_supported
-from autograder.sandbox import (NOBODY, Policy, ResourceGroup, cgroup_places, closed_folders,
-                                python_paths, shown_paths)
+from autograder.cgroups import ResourceGroup, cgroup_places
+from autograder.policy import NOBODY, Policy, closed_folders, python_paths, shown_paths
+from autograder.spawn import fork_supported, open_spawner
 
 ISOLATING = sys.platform.startswith("linux") and os.geteuid() == 0
 
@@ -64,15 +64,14 @@ def seen(request, tmp_path_factory):
                     shown=shown_paths(hidden, python_paths()), cgroups=group.paths)
     nb = new_notebook(cells=[new_code_cell(LOOK)], metadata={"kernelspec": {
         "name": "python3", "language": "python", "display_name": "Python 3"}})
-    server = ForkServer([]) if request.param == "fork" else None
+    spawner = open_spawner(request.param)
     try:
         done = execute(nb, workdir, parameters={}, limits=Limits(cell=60, notebook=120),
-                       fork_server=server, sandbox=policy.to_dict(), group=group,
+                       spawner=spawner, sandbox=policy.to_dict(), group=group,
                        env={"HOME": str(workdir), "TMPDIR": str(workdir)}, log=run_dir() / "k.log")
     finally:
         group.close()
-        if server is not None:
-            server.close()
+        spawner.close()
     text = "".join(o.get("text", "") for o in done.notebook.cells[-1].outputs)
     assert "SEEN" in text, (done.ended, done.message, (run_dir() / "k.log").read_text()[-3000:])
     report = json.loads(text.split("SEEN", 1)[1])
