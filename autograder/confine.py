@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Iterable, List, Optional, Tuple
 
 from .audit import install_audit_hook
-from .options import MiB
+from .options import KERNEL_SHM
 from .policy import Policy, _inside, within_any
 
 # mount(2) and unshare(2) flags (linux/fs.h, linux/sched.h)
@@ -221,7 +221,7 @@ def _confine_filesystem(policy: Policy, own_proc: bool) -> None:
                     pass
         if os.path.isdir("/dev/shm"):  # shared memory of its own, not every kernel's
             _mount(libc, "tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
-                   f"size={64 * MiB},mode=1777")
+                   f"size={KERNEL_SHM},mode=1777")
         _workdir_on_tmpfs(libc, workdir, fds[workdir], policy.disk)
     finally:
         for fd in fds.values():

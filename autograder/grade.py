@@ -33,7 +33,8 @@ from .execute import TIMEOUT_ENAME, Execution, execute
 from .imports import kernel_preload
 from .judge import FAILED, MANUAL, NOT_RUN, PARTIAL, PASSED, SKIPPED, TestResult, judge
 from .layout import SourceNotebook, Submission, notebook_from_bytes, submitted_bytes
-from .options import COPY_BUDGET, KERNEL_CPU_MARGIN, GradeOptions, available_cores, default
+from .options import (COPY_BUDGET, CPU, KERNEL_CPU_MARGIN, GradeOptions, available_cores,
+                      default)
 from .policy import Policy, closed_folders, python_paths, shown_paths
 from .rebuild import Rebuilt, TestCell, rebuild
 from .spawn import Spawner, open_spawner
@@ -50,7 +51,7 @@ class SubmissionResult:
     message: str                     # one line: why, and what happened
     tests: List[TestResult] = field(default_factory=list)
     seconds: float = 0.0
-    device: str = "cpu"
+    device: str = CPU
     executed: Optional[nbformat.NotebookNode] = None
     answered: Dict[str, bool] = field(default_factory=dict)
     peak_memory: int = 0             # bytes, the kernel's largest resident memory

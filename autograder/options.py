@@ -20,12 +20,13 @@ GiB = 1024 ** 3
 MiB = 1024 ** 2
 
 AUTO = "auto"                   # device or profile: decided by the runner (see resolve)
-DEVICES = ("cpu", "cuda")
-PROFILES = ("quick", "full")
+CPU, QUICK = "cpu", "quick"     # where a test that names no device runs, and how
+DEVICES = (CPU, "cuda")
+PROFILES = (QUICK, "full")
 KERNELS = KINDS                 # "fork": from a warm fork server; "fresh": new interpreters
 DEVICE_CHOICES = (AUTO, *DEVICES)
 PROFILE_CHOICES = (AUTO, *PROFILES)
-CHECK_PROFILE = "quick"         # `check`'s profile: a learner's answer in seconds
+CHECK_PROFILE = QUICK         # `check`'s profile: a learner's answer in seconds
 
 # Limits that have no option of their own.
 KERNEL_START_TIMEOUT = 60.0     # seconds a kernel may take to start and answer
@@ -34,6 +35,7 @@ CHECKS_START_MARGIN = 30.0      # seconds a checks process may take to start (a 
 KERNEL_CPU_MARGIN = 60          # CPU seconds (RLIMIT_CPU) beyond the notebook's time limit
 KERNEL_CPU_SECONDS = 3600       # RLIMIT_CPU of a policy made without options
 KERNEL_OPEN_FILES = 512         # RLIMIT_NOFILE of a kernel
+KERNEL_SHM = 64 * MiB           # its private /dev/shm (a tmpfs)
 FLOOD_FACTOR = 4                # a kernel printing this many times output_limit is stopped
 MEMORY_POLL = 0.1               # seconds between looks at a kernel's memory (no cgroup)
 COPY_BUDGET = 100 * 10**6       # bytes of a submission's folder copied at most (nbgrader's
@@ -97,9 +99,9 @@ class GradeOptions:
         only when needed), the profile by the device (full on CUDA, else quick)."""
         device = self.device
         if device == AUTO:
-            device = "cuda" if cuda_available() else "cpu"
+            device = "cuda" if cuda_available() else CPU
         profile = self.profile if self.profile != AUTO else ("full" if device == "cuda"
-                                                              else "quick")
+                                                              else QUICK)
         return replace(self, device=device, profile=profile)
 
     @property

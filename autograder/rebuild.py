@@ -39,9 +39,8 @@ import nbformat
 from nbformat.v4 import new_notebook
 
 from .checks import SEED_NAME, assigns_seed, probe_source, setup_names, split_test
+from .options import CPU, DEVICES, PROFILES, QUICK
 
-DEVICES = ("cpu", "cuda")
-PROFILES = ("quick", "full")
 GPU_SUFFIX = "_gpu"
 HIDDEN_BEGIN, HIDDEN_END = "BEGIN HIDDEN TESTS", "END HIDDEN TESTS"
 # Tags with a meaning to papermill or nbclient: only the grader may set them.
@@ -212,7 +211,7 @@ def _graded_copies(cells: List[dict], ref_cells: Dict[str, object],
     return chosen
 
 
-def parameters_cell(device: str = "cpu", profile: str = "quick"):
+def parameters_cell(device: str = CPU, profile: str = QUICK):
     source = ("# The run's device and profile; papermill injects the values used below this cell.\n"
               f"autograder_device = {device!r}\nautograder_profile = {profile!r}")
     return _fresh("code", source, {"tags": ["parameters"]})
@@ -228,7 +227,7 @@ del _autograder_os"""
 
 
 def rebuild(reference: nbformat.NotebookNode, submitted: nbformat.NotebookNode, *,
-            device: str = "cpu", profile: str = "quick", seed: int = 0) -> Rebuilt:
+            device: str = CPU, profile: str = QUICK, seed: int = 0) -> Rebuilt:
     """The notebook to run for ``submitted``, built on ``reference`` (the graded view)."""
     if device not in DEVICES:
         raise ValueError(f"device must be one of {DEVICES}, got {device!r}")
