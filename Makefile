@@ -10,7 +10,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: help setup book instructor-book gpu-status gpu-kit browser test clean
+.PHONY: help setup book instructor-book gpu-status gpu-kit browser test check clean
 
 help:
 	@echo "make book             set up .venv (once) and build the book into _build/html, executing every chapter"
@@ -20,6 +20,8 @@ help:
 	@echo "                      scripts/gpu-run (the chapters, the grader and the GPU tests there)"
 	@echo "make test             set up .venv (once) and run the whole test suite (includes a real book build"
 	@echo "                      and a headless Chromium walking it; Chromium is installed with apt-get if missing)"
+	@echo "make check            the everyday tier: unit tests and the fast grader tests, no book build and no"
+	@echo "                      real assignment graded (pytest -m 'not integration'; a few minutes)"
 	@echo "make clean            remove _build (the built book and the execution cache)"
 
 setup: $(STAMP)
@@ -39,15 +41,15 @@ $(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
 
 book: setup
 	@echo "==> Building the book (cached chapters are not executed again)"
-	$(PY) -m dlperf.book
+	$(PY) -m coursebook
 
 instructor-book: setup
 	@echo "==> Building the instructor edition (solutions, hidden tests, grading guide; never publish it)"
-	$(PY) -m dlperf.book --instructor
+	$(PY) -m coursebook --instructor
 
 gpu-status: setup
 	@echo "==> Running every chapter on this machine's GPU(s) and recording the runs in status/gpu-runs.json"
-	$(PY) -m dlperf.status record
+	$(PY) -m coursebook.status record
 
 gpu-kit: setup
 	@echo "==> Downloading the wheels an offline GPU machine (Python 3.12, PyTorch 2.11) lacks"
@@ -61,6 +63,12 @@ browser: setup
 test: setup browser
 	@echo "==> Running the test suite"
 	$(PY) -m pytest
+
+# Everyday work: everything not marked integration (tests/conftest.py also marks every test that
+# needs the built book). `make test` stays the whole suite.
+check: setup
+	@echo "==> Running the quick tier (unit tests and fast grader tests; make test runs everything)"
+	$(PY) -m pytest -m "not integration"
 
 clean:
 	rm -rf _build

@@ -19,13 +19,14 @@ import os
 import time
 import warnings
 from contextlib import nullcontext
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from .accelerators import synchronize
+from .intervals import intersection, subtract, total, union  # noqa: F401 (the chapter's ddp.union)
 from .memory import optimizer_state_bytes, tensor_bytes
 
 MIB = 1024 * 1024
@@ -104,54 +105,8 @@ def predicted_buckets(model: nn.Module, bucket_cap_mb: Optional[float] = None) -
 
 
 # ---------------------------------------------------------------- overlap in a trace
-Interval = Tuple[float, float]
-
-
-def union(intervals: Iterable[Interval], gap: float = 0.0) -> List[Interval]:
-    """Sorted, disjoint intervals covering the same time; pieces less than ``gap`` apart merge."""
-    merged: List[List[float]] = []
-    for start, end in sorted(intervals):
-        if merged and start <= merged[-1][1] + gap:
-            merged[-1][1] = max(merged[-1][1], end)
-        else:
-            merged.append([start, end])
-    return [(s, e) for s, e in merged]
-
-
-def total(intervals: Iterable[Interval]) -> float:
-    """The time the intervals cover (overlaps counted once)."""
-    return sum(e - s for s, e in union(intervals))
-
-
-def intersection(a: Iterable[Interval], b: Iterable[Interval]) -> float:
-    """The time covered by both sets of intervals."""
-    a, b = union(a), union(b)
-    i = j = 0
-    shared = 0.0
-    while i < len(a) and j < len(b):
-        start, end = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
-        shared += max(0.0, end - start)
-        if a[i][1] < b[j][1]:
-            i += 1
-        else:
-            j += 1
-    return shared
-
-
-def subtract(a: Iterable[Interval], b: Iterable[Interval]) -> List[Interval]:
-    """The parts of intervals ``a`` that no interval of ``b`` covers."""
-    pieces = []
-    holes = union(b)
-    for start, end in union(a):
-        for hole_start, hole_end in holes:
-            if hole_end <= start or hole_start >= end:
-                continue
-            if hole_start > start:
-                pieces.append((start, hole_start))
-            start = max(start, hole_end)
-        if end > start:
-            pieces.append((start, end))
-    return pieces
+# The interval algebra lives in dlperf.intervals; its names stay importable from here because
+# the DDP chapter calls them as ddp.union and ddp.subtract.
 
 
 def overlap_stats(spans: Sequence[Tuple[str, float, float, str]]) -> Dict[str, float]:

@@ -17,6 +17,8 @@ from typing import Dict, Iterable, Optional, Union
 
 import torch
 
+from .intervals import total
+
 TensorOrTensors = Union[torch.Tensor, Iterable[torch.Tensor]]
 
 
@@ -81,18 +83,6 @@ def _storage_extent(t: torch.Tensor):
     return key, (first, first + elements * size)
 
 
-def _union_length(intervals) -> int:
-    total, reached = 0, None
-    for lo, hi in sorted(intervals):
-        if reached is None or lo > reached:
-            total += hi - lo
-            reached = hi
-        elif hi > reached:
-            total += hi - reached
-            reached = hi
-    return total
-
-
 class SavedTensors:
     """Count the bytes autograd saves for backward while the block runs.
 
@@ -128,7 +118,7 @@ class SavedTensors:
         return t
 
     def _sum(self, excluded: bool) -> int:
-        return sum(_union_length(extents) for key, extents in self._extents.items()
+        return sum(total(extents) for key, extents in self._extents.items()
                    if (key in self._excluded) == excluded)
 
     @property
@@ -147,7 +137,7 @@ class SavedTensors:
         totals: Dict[str, int] = defaultdict(int)
         for key, extents in self._extents.items():
             if key not in self._excluded:
-                totals[self._dtypes[key]] += _union_length(extents)
+                totals[self._dtypes[key]] += total(extents)
         return dict(totals)
 
     def __enter__(self) -> "SavedTensors":

@@ -19,6 +19,7 @@ library before the kit is installed, and exits 1 if any step failed. On a machin
 it runs the same steps on the CPU (the GPU tests skip), which is how CI proves the kit.
 
     scripts/gpu-run [--out FOLDER] [--profile full|quick] [--budget SECONDS] [--steps tests,...]
+                    [--notebooks FOLDER]
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -150,9 +152,14 @@ def title(page: str) -> str:
     return found.group(1).strip() if found else page
 
 
-def run_chapters(run: Run, site: Path, profile: str, hardware: dict) -> tuple:
-    """Execute every chapter; (the step's record, the runs for the status page)."""
-    from dlperf.status import environment as environment_of  # dlperf needs the machine's torch
+def run_chapters(run: Run, site: Path, profile: str, hardware: dict,
+                 notebooks: Path | None = None) -> tuple:
+    """Execute every chapter; (the step's record, the runs for the status page).
+
+    Each page's ``.md`` is made a notebook with jupytext; with ``notebooks`` (a folder of the
+    built book's published notebooks, ``_build/html/_sources/chapters``) those run instead:
+    what readers open from the launch buttons, includes and glued values written in."""
+    from coursebook.status import environment as environment_of  # found through ROOT on sys.path
 
     started, runs, results = time.monotonic(), [], []
     work = Path(tempfile.mkdtemp(prefix="gpu-run-chapters-"))
@@ -166,8 +173,16 @@ def run_chapters(run: Run, site: Path, profile: str, hardware: dict) -> tuple:
             run.say(f"{page}: not run, out of time")
             continue
         source, executed = work / f"{name}.ipynb", work / f"{name}.executed.ipynb"
-        code, _ = run.command([sys.executable, "-m", "jupytext", "--to", "ipynb", "--output",
-                               source, ROOT / f"{page}.md"], timeout=60, env=env)
+        if notebooks is not None:
+            published = notebooks / f"{name}.ipynb"
+            code = 0 if published.exists() else 1
+            if code == 0:
+                shutil.copyfile(published, source)
+            else:
+                run.say(f"{page}: no published notebook {published}")
+        else:
+            code, _ = run.command([sys.executable, "-m", "jupytext", "--to", "ipynb",
+                                   "--output", source, ROOT / f"{page}.md"], timeout=60, env=env)
         began, ran_at = time.monotonic(), datetime.now(timezone.utc).isoformat(timespec="seconds")
         if code == 0:
             code, _ = run.command([sys.executable, "-m", "papermill", source, executed,
@@ -266,7 +281,7 @@ def hardware_facts() -> dict:
 
 
 def record_gpu_runs(run: Run, runs: list) -> dict:
-    from dlperf.status import GPU_RUNS, gpu_runs, merge_runs
+    from coursebook.status import GPU_RUNS, gpu_runs, merge_runs
 
     started = time.monotonic()
     new = gpu_runs(runs)
@@ -292,6 +307,9 @@ def main(argv=None) -> int:
     parser.add_argument("--profile", choices=("full", "quick"), default="full")
     parser.add_argument("--budget", type=float, default=BUDGET,
                         help=f"seconds for all steps together (default {BUDGET:.0f})")
+    parser.add_argument("--notebooks", type=Path, default=None, metavar="FOLDER",
+                        help="run the chapters from the built book's published notebooks in "
+                             "FOLDER (_build/html/_sources/chapters) instead of the .md pages")
     parser.add_argument("--steps", default=",".join(STEPS),
                         help=f"which steps to run after the install (default: all, {','.join(STEPS)})")
     args = parser.parse_args(argv)
@@ -315,7 +333,8 @@ def main(argv=None) -> int:
         if "tests" in steps_wanted:
             steps.append(gpu_tests(run, args.site))
         if "chapters" in steps_wanted:
-            chapter_step, runs = run_chapters(run, args.site, args.profile, hardware)
+            chapter_step, runs = run_chapters(run, args.site, args.profile, hardware,
+                                              args.notebooks)
             steps.append(chapter_step)
         if "grading" in steps_wanted:
             steps.append(grade_assignments(run, args.site, device))

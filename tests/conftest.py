@@ -17,7 +17,16 @@ ROOT = Path(__file__).resolve().parent.parent
 EXECUTED = ROOT / "_build" / "jupyter_execute"
 
 
+# Fixtures that build the book or execute notebooks: a test that asks for one is an integration
+# test whether or not its module says so, so `make check` (-m "not integration") never builds.
+SLOW_FIXTURES = {"built_book", "executed_page", "page_outputs", "instructor_book"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects, so the added marks count
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.integration)
     import torch
     if torch.cuda.is_available():
         return
@@ -30,7 +39,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def built_book():
     """Build the real book once per test session (as `make book` does) and return the result."""
-    from dlperf import book
+    from coursebook import book
     result = book.build(echo=False)
     assert result.ok, (f"book build failed (exit {result.returncode})\n"
                        f"{result.log[-6000:]}\n{result.reports()}")
@@ -69,3 +78,12 @@ def with_outputs(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
     from jupyter_cache import get_cache
     _, merged = get_cache(ROOT / "_build" / ".jupyter_cache").merge_match_into_notebook(nb)
     return merged
+
+
+@pytest.fixture(scope="session")
+def course_run(tmp_path_factory):
+    """Every real assignment's cases graded once, by the README's instructor steps
+    (tests/course_run.py); the tests that need the grader's verdict read it from here."""
+    pytest.importorskip("nbgrader", reason="nbgrader is not installed here")
+    from tests.course_run import instructor_steps
+    return instructor_steps(tmp_path_factory.mktemp("course"))

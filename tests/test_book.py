@@ -15,7 +15,7 @@ import nbformat
 import pytest
 import yaml
 
-from dlperf import book, status
+from coursebook import book, status
 from tests.assignments import ASSIGNMENTS
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from dlperf import distributed as D
+from tests import distributed_jobs as jobs
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "dlperf" / "train_ddp.py"
@@ -83,7 +84,7 @@ def test_tcp_store_listens_on_loopback_only():
 
 @pytest.mark.parametrize("world_size", [2, 3, 4])
 def test_ring_allreduce_equals_all_reduce(world_size):
-    results = D.run_workers(D.allreduce_check_job, world_size, args=(CASES,), timeout=180)
+    results = D.run_workers(jobs.allreduce_check_job, world_size, args=(CASES,), timeout=180)
     for case_index, (shape, dtype_name, transpose) in enumerate(CASES):
         inputs = [r["world"][case_index]["input"] for r in results]
         expected = torch.stack([t.double() for t in inputs]).sum(0)
@@ -149,19 +150,19 @@ def test_worker_errors_are_raised_with_their_message():
     # Rank 1 raises; rank 0, waiting in a barrier, then loses its peer. The root cause is
     # reported, whichever failure the parent happens to notice first.
     with pytest.raises(Exception, match=r"(?s)^worker 1 of 2 raised first.*fails on purpose"):
-        D.run_workers(D.fail_job, 2, timeout=120)
+        D.run_workers(jobs.fail_job, 2, timeout=120)
     assert multiprocessing.active_children() == []
 
 
 def test_stuck_workers_are_stopped_after_the_timeout():
     with pytest.raises(TimeoutError, match="still running"):
-        D.run_workers(D.sleep_job, 2, args=(600,), backend=None, timeout=3)
+        D.run_workers(jobs.sleep_job, 2, args=(600,), backend=None, timeout=3)
     assert multiprocessing.active_children() == []
 
 
 def test_run_workers_rejects_an_empty_world():
     with pytest.raises(ValueError, match="at least 1"):
-        D.run_workers(D.sleep_job, 0, args=(0,))
+        D.run_workers(jobs.sleep_job, 0, args=(0,))
 
 
 def test_ddp_script_trains_two_processes_to_the_same_parameters(tmp_path):

@@ -67,7 +67,7 @@ def test_chapters_come_in_the_books_order():
 
 
 def test_gpu_runs_are_recorded_for_the_status_page_and_cpu_runs_are_not(tmp_path, monkeypatch):
-    from dlperf import status
+    from coursebook import status
     recorded = tmp_path / "gpu-runs.json"
     recorded.write_text('{"runs": []}\n')
     monkeypatch.setattr(status, "GPU_RUNS", recorded)

@@ -1,6 +1,7 @@
 """Sphinx extension of the course book: launch links, published notebooks, and the status page.
 
-Loaded by ``_config.yml`` (``sphinx.extra_extensions``). It does three jobs.
+Loaded by ``_config.yml`` (``sphinx.local_extensions``, which puts the repository's root on
+``sys.path``: this package is not installed). It does three jobs.
 
 **Notebooks for the chapters.** The chapters are MyST Markdown files, and Colab
 and Binder open only ``.ipynb`` files. sphinx-book-theme already copies each
@@ -30,7 +31,7 @@ took) and the line ``dlperf.page_setup()`` printed in its first cell (run
 profile, PyTorch and Python versions, hardware), read from the page's executed
 outputs. The page is rewritten on every build, because its content depends on
 other pages. The runs measured on GPUs, which the machine building the book
-usually lacks, come from ``status/gpu-runs.json`` (see :mod:`dlperf.status`).
+usually lacks, come from ``status/gpu-runs.json`` (see :mod:`coursebook.status`).
 The same records are written to ``_build/html/status.json``.
 """
 from __future__ import annotations
@@ -275,7 +276,7 @@ def _write_binder_environment(app: Sphinx, out: Path) -> None:
     if not (source / "pyproject.toml").exists():
         return
     lines = ["# Binder's environment for the published chapter notebooks; written by the book build",
-             "# (dlperf/sphinxext.py) from pyproject.toml and requirements.txt. Each notebook",
+             "# (coursebook/sphinxext.py) from pyproject.toml and requirements.txt. Each notebook",
              "# installs dlperf itself.",
              "--extra-index-url https://download.pytorch.org/whl/cpu",
              *binder_requirements(source)]

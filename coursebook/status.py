@@ -1,11 +1,11 @@
 """Record the book's chapters as run on a GPU, for the status page.
 
 The status page (``status.md``) shows two tables. The first is made by every
-book build from its own execution records (:mod:`dlperf.sphinxext`). The
+book build from its own execution records (:mod:`coursebook.sphinxext`). The
 second lists runs measured on GPUs, which the machine that builds the book
 usually lacks; they are kept in the repository in ``status/gpu-runs.json``.
 
-On a machine with a CUDA GPU, ``make gpu-status`` (= ``python -m dlperf.status
+On a machine with a CUDA GPU, ``make gpu-status`` (= ``python -m coursebook.status
 record``) builds the book in a folder of its own, ``_build/gpu-status``, with
 an empty execution cache and the ``full`` profile, so that every chapter really
 runs here (the shared cache would hand back CPU runs: it knows the notebook,
