@@ -147,3 +147,34 @@ def test_a_cell_that_ignores_the_interrupt_stops_the_run(tmp_path, server):
     assert time.perf_counter() - start < 30
     assert done.ended == "unresponsive" and "stopped responding" in done.message
     assert cell_by_id(done.notebook, "c2").execution_count is None
+
+
+def test_one_engine_serves_concurrent_runs_with_their_own_limits(tmp_path, server):
+    """papermill's engine is registered once; each run's output cap travels as an argument."""
+    import threading
+
+    from papermill.engines import papermill_engines
+
+    from autograder.execute import ENGINE
+    nb = notebook("print('x' * 20000)")
+    done = {}
+
+    def grade(limit):
+        folder = tmp_path / str(limit)
+        folder.mkdir()
+        done[limit] = run(nb, folder, "fork", server, output_limit=limit)
+
+    threads = [threading.Thread(target=grade, args=(limit,)) for limit in (1024, 2**20)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    engine = papermill_engines.get_engine(ENGINE)
+    grade(4096)
+    assert papermill_engines.get_engine(ENGINE) is engine
+    text = {limit: "".join(o.get("text", "") for o in cell_by_id(d.notebook, "c1").outputs)
+            for limit, d in done.items()}
+    assert "dropped further output: more than 1 KiB" in text[1024]
+    assert "dropped" not in text[2**20] and "x" * 20000 in text[2**20]
+    assert "more than 4 KiB" in "".join(
+        o.get("text", "") for o in cell_by_id(done[4096].notebook, "c1").outputs)
