@@ -21,9 +21,15 @@ KERNEL_MODULES = (
 )
 
 
+# The grader's own targets (kernel, checks, CUDA probe): imported once in the server, not
+# in every child.
+TARGET_MODULES = ("autograder.kernel_process", "autograder.confine", "autograder.checks",
+                  "autograder.device")
+
+
 def kernel_preload(notebooks: Iterable[Path]) -> List[str]:
     """What a fork server for kernels running these notebooks should import."""
-    return [*KERNEL_MODULES, *notebook_imports(notebooks)]
+    return [*KERNEL_MODULES, *TARGET_MODULES, *notebook_imports(notebooks)]
 
 
 def imported_modules(sources: Iterable[str]) -> List[str]:
