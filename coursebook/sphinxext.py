@@ -1,7 +1,9 @@
 """Sphinx extension of the course book: launch links, published notebooks, and the status page.
 
 Loaded by ``_config.yml`` (``sphinx.local_extensions``, which puts the repository's root on
-``sys.path``: this package is not installed). It does three jobs.
+``sys.path``: this package is not installed). It does three jobs, and makes the tables of
+the assignments from their manifest (``assignments-table`` and ``wrong-submissions-table``, see
+:mod:`coursebook.assignments`).
 
 **Notebooks for the chapters.** The chapters are MyST Markdown files, and Colab
 and Binder open only ``.ipynb`` files. sphinx-book-theme already copies each
@@ -46,11 +48,13 @@ from urllib.parse import quote
 
 from docutils import nodes
 from docutils.parsers.rst import directives
+from docutils.statemachine import StringList
 from sphinx.application import Sphinx
 from sphinx.transforms.post_transforms import SphinxPostTransform
 from sphinx.util import logging
 from sphinx.util.docutils import SphinxDirective
 
+from . import assignments
 from .status import environment
 
 LOGGER = logging.getLogger(__name__)
@@ -306,6 +310,53 @@ def drop_duplicate_scripts(app: Sphinx, pagename: str, templatename: str,
     scripts[:] = unique
 
 
+# --- the assignments' tables -----------------------------------------------------------------
+
+class _ManifestTable(SphinxDirective):
+    """A table made from ``assignments/assignments.toml`` (:mod:`coursebook.assignments`)."""
+
+    def make(self, root: Path) -> str:
+        raise NotImplementedError
+
+    def depends_on(self, root: Path) -> List[Path]:
+        return [root / assignments.MANIFEST] + [root / a.solution for a in assignments.load(root)]
+
+    def run(self):
+        root = Path(self.env.srcdir)
+        try:
+            text = self.make(root)
+            for path in self.depends_on(root):
+                self.env.note_dependency(str(path))
+        except (OSError, ValueError) as error:
+            raise self.error(f"{self.name}: {error}")
+        holder = nodes.container()
+        self.state.nested_parse(StringList(text.splitlines(), source=str(assignments.MANIFEST)),
+                                self.content_offset, holder)
+        return holder.children
+
+
+class AssignmentsTable(_ManifestTable):
+    """``assignments-table``: one row per assignment; ``:columns:`` from
+    :data:`coursebook.assignments.COLUMNS` (default: page, writes, chapters, points)."""
+
+    option_spec = {"columns": directives.unchanged}
+
+    def make(self, root: Path) -> str:
+        columns = self.options.get("columns", "page, writes, chapters, points")
+        return assignments.table(root, [c.strip() for c in columns.split(",") if c.strip()])
+
+
+class WrongSubmissionsTable(_ManifestTable):
+    """``wrong-submissions-table``: each wrong submission of tests/wrong_submissions, with its
+    mistake and the points it loses."""
+
+    def make(self, root: Path) -> str:
+        return assignments.mistakes_table(root)
+
+    def depends_on(self, root: Path) -> List[Path]:
+        return super().depends_on(root) + sorted((root / assignments.WRONG_SUBMISSIONS).glob("*/*.toml"))
+
+
 # --- status page ----------------------------------------------------------------------------
 
 class StatusPlaceholder(nodes.General, nodes.Element):
@@ -448,6 +499,8 @@ def write_status_json(app: Sphinx, exception: Optional[Exception]) -> None:
 def setup(app: Sphinx) -> Dict[str, Any]:
     app.add_config_value("dlperf_pages_branch", "gh-pages", "html")
     app.add_directive("launch-links", LaunchLinks)
+    app.add_directive("assignments-table", AssignmentsTable)
+    app.add_directive("wrong-submissions-table", WrongSubmissionsTable)
     app.add_node(StatusPlaceholder)
     app.add_directive("course-status", CourseStatus)
     app.add_post_transform(FillStatus)

@@ -12,13 +12,16 @@ from pathlib import Path
 
 import nbformat
 
+from coursebook.assignments import notebooks
+
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTIONS = ROOT / "solutions"
 EXERCISES = ROOT / "exercises"
 WRONG_SUBMISSIONS = Path(__file__).resolve().parent / "wrong_submissions"
 
-# assignment -> its notebook's name (one notebook per assignment)
-ASSIGNMENTS = {path.parent.name: path.stem for path in sorted(SOLUTIONS.glob("*/*.ipynb"))}
+# assignment -> its notebook's name, as the course's manifest lists them (assignments/assignments.toml;
+# tests/test_assignments.py checks that solutions/ holds exactly these)
+ASSIGNMENTS = notebooks(ROOT)
 WRONG = sorted(WRONG_SUBMISSIONS.glob("*/*.toml"))
 
 HIDDEN = re.compile(r"^[ \t]*### BEGIN HIDDEN TESTS.*?### END HIDDEN TESTS[ \t]*\n?",
