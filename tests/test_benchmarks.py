@@ -1,0 +1,83 @@
+"""The benchmark scripts' own code: benchmarks/assignment_throughput.py's table and verdicts."""
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def load(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+throughput = load("assignment_throughput")
+
+
+def test_table_has_one_line_per_assignment_with_its_numbers():
+    rows = [throughput.Row("data_parallel", 1000, 254.0, 0.48, 1000, 1000),
+            throughput.Row("gradient_bucketing", 4, 10.0, None, 3, None)]
+    lines = throughput.table(rows).splitlines()
+    assert lines[0].split()[:4] == ["assignment", "copies", "wall", "s"]
+    assert set(lines[1]) == {"-"}
+    assert lines[2].split() == ["data_parallel", "1000", "254.0", "0.254", "0.48", "1000/1000",
+                                "1000"]
+    assert lines[3].split() == ["gradient_bucketing", "4", "10.0", "2.500", "?", "3/4", "?"]
+
+
+def write_grades(path: Path, rows: list) -> None:
+    fields = ["student_id", "assignment", "notebook", "score", "max_score", "status", "message",
+              "seconds"]
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=fields)
+        writer.writeheader()
+        for row in rows:
+            writer.writerow(dict(zip(fields, row)))
+
+
+def test_a_copy_without_full_marks_or_without_a_row_is_a_problem(tmp_path):
+    grades = tmp_path / "grades.csv"
+    write_grades(grades, [("s0001", "a", "a", "9", "9", "graded", "ok", "1.0"),
+                          ("s0002", "a", "a", "7", "9", "graded", "lost 2", "3.0"),
+                          ("s0003", "a", "a", "0", "9", "timeout", "too slow", "2.0")])
+    full, median, problems = throughput.verdicts(grades, ["s0001", "s0002", "s0003", "s0004"])
+    assert full == 1
+    assert median == 2.0
+    assert [line.split(":")[0] for line in problems] == ["s0002", "s0003", "s0004"]
+
+
+def test_copies_differ_so_each_draws_its_own_seed(tmp_path):
+    names = throughput.assignments()
+    assert set(names) >= {"benchmark", "data_parallel", "gradient_bucketing", "ring_allreduce"}
+    course = throughput.make_course(tmp_path, {"data_parallel": names["data_parallel"]})
+    students = throughput.hand_in(course, "data_parallel", names["data_parallel"], 3)
+    files = [course / "submitted" / who / "data_parallel" / "data_parallel.ipynb"
+             for who in students]
+    assert len({path.read_bytes() for path in files}) == 3
+    for who, path in zip(students, files):
+        cells = json.loads(path.read_text())["cells"]
+        answers = [c for c in cells if c["metadata"].get("nbgrader", {}).get("solution")]
+        assert "".join(answers[0]["source"]).endswith(f"# handed in by {who}")
+        assert not any("### BEGIN SOLUTION" in "".join(c["source"]) for c in cells)
+    assert throughput.seeds(course, "data_parallel", "data_parallel", students) == 3
+
+
+@pytest.mark.integration
+def test_two_copies_of_one_assignment_print_a_full_row(capsys):
+    """The whole script, small: two copies of data_parallel graded by the real grader."""
+    assert throughput.main(["--copies", "2", "--assignment", "data_parallel", "--jobs", "2"]) == 0
+    printed = capsys.readouterr().out
+    row = next(line for line in printed.splitlines() if line.startswith("data_parallel "))
+    fields = row.split()
+    assert fields[1] == "2" and fields[5] == "2/2" and fields[6] == "2", printed
+    wall, per_submission = float(fields[2]), float(fields[3])
+    assert wall > 0 and per_submission == pytest.approx(wall / 2, abs=0.06)
