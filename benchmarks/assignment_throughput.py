@@ -1,6 +1,6 @@
 """Grading throughput per assignment: N copies of each assignment's reference answers, graded.
 
-For every assignment (each folder of ``solutions/``) the script hands in ``--copies`` copies of
+For every assignment (the manifest's, ``assignments/assignments.toml``) the script hands in ``--copies`` copies of
 the release with the reference answers typed in, as a learner who solved it would, in a scratch
 course folder (``submitted/<student>/<assignment>/<notebook>.ipynb``), and grades them with the
 course's grader as the README writes it, ``--jobs`` at a time:
@@ -37,25 +37,17 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling benchmark, when imported
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent)]  # the sibling benchmark and the tests' helpers
 
-from grading_throughput import ROOT, SOLUTION_MARKERS, answer_cells, cpu_name, run  # noqa: E402
-
-
-def assignments() -> dict:
-    """assignment -> its notebook's name, for every assignment in solutions/ (one notebook)."""
-    return {path.parent.name: path.stem for path in sorted((ROOT / "solutions").glob("*/*.ipynb"))}
+from grading_throughput import ROOT, answer_cells, cpu_name, run  # noqa: E402
+from tests.assignments import ASSIGNMENTS, submission  # noqa: E402
 
 
-def reference_submission(assignment: str, notebook: str):
-    """The release (exercises/) with the reference answers (solutions/) typed into its cells."""
-    import nbformat
-    solved = answer_cells(nbformat.read(ROOT / "solutions" / assignment / f"{notebook}.ipynb",
-                                        as_version=4))
-    nb = nbformat.read(ROOT / "exercises" / assignment / f"{notebook}.ipynb", as_version=4)
-    for grade_id, cell in answer_cells(nb).items():
-        cell.source = SOLUTION_MARKERS.sub("", solved[grade_id].source).strip("\n")
-    return nb
+def reference_submission(assignment: str):
+    """The release (exercises/) with the reference answers (solutions/) typed into its cells,
+    as the tests hand it in (tests/assignments.py)."""
+    return submission(assignment, {})
 
 
 def student(n: int) -> str:
@@ -65,7 +57,7 @@ def student(n: int) -> str:
 def hand_in(course: Path, assignment: str, notebook: str, copies: int) -> list:
     """Write ``copies`` submissions, each signed with its student id; return the ids."""
     import nbformat
-    reference = reference_submission(assignment, notebook)
+    reference = reference_submission(assignment)
     students = [student(n + 1) for n in range(copies)]
     for who in students:
         nb = copy.deepcopy(reference)
@@ -148,7 +140,7 @@ def table(rows: list) -> str:
 
 
 def main(argv=None) -> int:
-    names = assignments()
+    names = dict(ASSIGNMENTS)  # assignment -> its notebook's name
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--copies", type=int, default=1000,
