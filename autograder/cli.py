@@ -127,6 +127,14 @@ def _assignment_notebooks(args: argparse.Namespace) -> List[Path]:
     return sorted(Course.discover(args.course).assignment_path(args.assignment).glob("*.ipynb"))
 
 
+def _open_spawner(args: argparse.Namespace, notebooks: List[Path]):
+    """The run's spawner, opened before ``autograder.grade`` and its libraries are
+    imported: a fork server imports PyTorch meanwhile. The runner closes it."""
+    from .imports import kernel_preload
+    from .spawn import open_spawner
+    return open_spawner(args.kernel, kernel_preload(notebooks))
+
+
 def run_grade(args: argparse.Namespace) -> int:
     """Choose the runner once (this machine or a Dask cluster), then grade. The runner
     starts its spawners first: a fork server imports while we import and prepare."""
@@ -140,8 +148,9 @@ def run_grade(args: argparse.Namespace) -> int:
         except ClusterError as error:
             print(f"error: {error}", file=sys.stderr)
             return 2
+    spawner = _open_spawner(args, notebooks)
     from .grade import LocalRunner
-    with LocalRunner(args.jobs, args.kernel, notebooks) as runner:
+    with LocalRunner(args.jobs, args.kernel, spawner=spawner) as runner:
         return _grade(args, runner)
 
 
@@ -206,11 +215,12 @@ def _grade(args: argparse.Namespace, runner) -> int:
 
 
 def run_check(args: argparse.Namespace) -> int:
+    notebook = Path(args.notebook)
+    spawner = _open_spawner(args, [Path(args.source or notebook)])
     from .check import check, render
     from .grade import LocalRunner
-    notebook = Path(args.notebook)
     try:
-        with LocalRunner(1, args.kernel, [Path(args.source or notebook)]) as runner:
+        with LocalRunner(1, args.kernel, spawner=spawner) as runner:
             options = runner.resolve(grade_options(args))
             report = check(notebook, source=args.source, options=options,
                            spawner=runner.spawner)

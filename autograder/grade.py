@@ -28,7 +28,7 @@ import nbformat
 from .cgroups import ResourceGroup
 from .checks import MIME, evidence_of
 from .checks_process import ChecksSetupError, run_checks_isolated
-from .device import cuda_available, resolve_device  # noqa: F401 - resolve_device: public
+from .device import cuda_available
 from .execute import TIMEOUT_ENAME, Execution, execute
 from .imports import kernel_preload
 from .judge import FAILED, MANUAL, NOT_RUN, PARTIAL, PASSED, SKIPPED, TestResult, judge
@@ -378,10 +378,10 @@ class Runner(Protocol):
 class LocalRunner:
     """Grades on this machine: ``jobs`` submissions at once, each in its own kernel.
 
-    It owns the run's spawner (:func:`autograder.spawn.open_spawner`, of the ``kernel``
-    kind): started at once when the ``notebooks`` to preload for are known, so a fork
-    server imports while the caller does its own work, else by :meth:`prepare`. A
-    ``spawner`` the caller passes is used and left running.
+    It owns the run's spawner and closes it: the ``spawner`` given (``python -m autograder``
+    opens one before its own slow imports), or one of the ``kernel`` kind that it opens
+    (:func:`autograder.spawn.open_spawner`) at once when the ``notebooks`` to preload for
+    are known, so a fork server imports while the caller works, else in :meth:`prepare`.
     """
 
     def __init__(self, jobs: int = 1, kernel: str = default("kernel"),
@@ -390,7 +390,6 @@ class LocalRunner:
         self.jobs = max(1, int(jobs))
         self.kernel = kernel
         self.spawner = spawner
-        self._own_spawner = spawner is None
         self._prepared: set = set()
         if spawner is None and notebooks is not None:
             self.spawner = open_spawner(kernel, kernel_preload(notebooks))
@@ -453,7 +452,7 @@ class LocalRunner:
         return [results[i] for i in range(len(submissions))]
 
     def close(self) -> None:
-        if self._own_spawner and self.spawner is not None:
+        if self.spawner is not None:
             self.spawner.close()
             self.spawner = None
 

@@ -7,8 +7,9 @@ from dataclasses import replace
 import pytest
 
 from autograder.execute import Limits
+from autograder.device import resolve_device
 from autograder.grade import (ERROR, GRADED, INVALID, GradeOptions, LocalRunner, grade_submission,
-                              prepare_workdir, resolve_device)
+                              prepare_workdir)
 from autograder.spawn import FreshInterpreter
 from autograder.judge import PASSED, SKIPPED
 from autograder.layout import Course, find_submissions
