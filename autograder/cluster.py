@@ -12,8 +12,8 @@ as a local run writes them. Nothing but grading happens on the workers.
 * Kernels: every worker process opens one spawner (a fork server, or fresh interpreters)
   for the client's connection, i.e. for one grading run (:class:`SpawnerPlugin`, registered
   with the scheduler, so workers that join later get one too), and closes it when the
-  client disconnects or the worker stops. The kernels are confined by the same sandbox as locally, with the rights the
-  worker process has.
+  client disconnects or the worker stops. The kernels are confined by the same sandbox
+  as locally, with the rights the worker process has.
 * GPUs: with ``--device cuda`` each task asks for the worker resource ``GPU=1``, so only
   workers started with ``dask worker ADDRESS --resources GPU=1`` take it, one at a time per
   GPU; CPU grading goes to any worker.

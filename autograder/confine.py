@@ -5,9 +5,9 @@ A submission's kernel is one process (see :mod:`.kernel_process`). Before it run
 the learner's, :func:`confine` turns it into a process that
 
 * lives in a **resource group of its own** (a cgroup the grader made for it, see
-  :class:`autograder.cgroups.ResourceGroup`): the memory and the number of processes and threads of the
-  kernel and everything it starts are bounded by the Linux kernel, so a memory bomb or a
-  fork bomb is stopped where it starts, even in native code;
+  :class:`autograder.cgroups.ResourceGroup`): the memory and the number of processes and
+  threads of the kernel and everything it starts are bounded by the Linux kernel, so a
+  memory bomb or a fork bomb is stopped where it starts, even in native code;
 * lives in a **PID namespace of its own** (as PID 2, below an init): it cannot see or signal
   any process outside it, and when it ends the Linux kernel kills everything it started;
   a small *keeper* process outside the namespace stands for it to the grader;
@@ -24,7 +24,8 @@ the learner's, :func:`confine` turns it into a process that
   nor write to anything the file permissions protect;
 * has hard ``setrlimit`` limits (data memory, file size, CPU seconds, open files, no core
   dumps);
-* runs under a Python audit hook (:func:`autograder.audit.install_audit_hook`, :pep:`578`) that refuses
+* runs under a Python audit hook (:func:`autograder.audit.install_audit_hook`,
+  :pep:`578`) that refuses
   to start processes, to open network connections, to load native code through
   ``ctypes``, to signal other processes and to write outside its working directory. The
   hook is defence in depth with clear error messages: native code does not raise audit
@@ -32,9 +33,9 @@ the learner's, :func:`confine` turns it into a process that
 
 Namespaces, mounts, cgroups and the change of user need root (``CAP_SYS_ADMIN``); without
 root the limits and the audit hook still apply and :func:`confine` says what it could not
-do (the README's threat model lists what holds then). In the grader, :func:`autograder.processes.kill_all`
-kills whatever a kernel left running, and :meth:`~autograder.cgroups.ResourceGroup.close` kills every process
-still in its group.
+do (the README's threat model lists what holds then). In the grader,
+:func:`autograder.processes.kill_all` kills whatever a kernel left running, and
+:meth:`~autograder.cgroups.ResourceGroup.close` kills every process still in its group.
 
 None of this makes the kernel's own verdicts trustworthy: the learner's code runs in
 it. Scores are decided elsewhere (see :mod:`.checks`).
@@ -234,7 +235,7 @@ def _confine_network() -> None:
     System V IPC gets a namespace of its own too.
 
     The kernel talks to the grader over Unix sockets in a folder of its own (Jupyter's
-    ``ipc`` transport, see :mod:`.kernels`), which a network namespace does not cut. Native
+    ``ipc`` transport, see :mod:`.kernel_manager`), which a network namespace does not cut. Native
     code (libc's ``connect``, pyzmq, ``torch.distributed``) raises no audit event, so this,
     not the audit hook, is what keeps a submission off the grader's loopback (a Dask
     scheduler, a database) and off every other network.

@@ -181,9 +181,10 @@ def execute(nb: nbformat.NotebookNode, workdir: Path, *, parameters: Dict[str, o
 
     ``parameters`` go into the notebook the papermill way (an ``injected-parameters``
     cell after the cell tagged ``parameters``); ``env`` is added to the kernel's
-    environment; ``spawner`` starts the kernel's process (forked or fresh); ``threads`` caps PyTorch/OpenMP threads in the kernel. ``group`` (the
-    kernel's cgroup, which ``sandbox`` names) bounds its memory; without one a watchdog
-    stops a kernel that holds more than ``memory_limit`` bytes.
+    environment; ``spawner`` starts the kernel's process (forked or fresh); ``threads``
+    caps PyTorch/OpenMP threads in the kernel. ``group`` (the kernel's cgroup, which
+    ``sandbox`` names) bounds its memory; without one a watchdog stops a kernel that holds
+    more than ``memory_limit`` bytes.
     """
     from nbclient.exceptions import CellTimeoutError, DeadKernelError
     from papermill.engines import papermill_engines

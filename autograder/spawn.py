@@ -126,8 +126,8 @@ class FreshInterpreter:
         log = open(stderr, "ab") if stderr else subprocess.DEVNULL
         try:
             return subprocess.Popen(
-                [sys.executable, "-c", FRESH_BOOTSTRAP.format(root=str(PACKAGE_ROOT)), target, *args],
-                cwd=cwd, env=env,
+                [sys.executable, "-c", FRESH_BOOTSTRAP.format(root=str(PACKAGE_ROOT)), target,
+                 *args], cwd=cwd, env=env,
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
                 start_new_session=True)
         finally:
