@@ -2,10 +2,11 @@
 
 Every assignment's reference solution, typed into the released notebook as a learner would,
 is handed in 20 times with the unedited release and every wrong submission of
-tests/wrong_submissions. Graded with ``--jobs 4``, the 20 copies all get full marks. A subset
-(4 copies, the release, the wrong ones) graded with ``--jobs 1``, ``--jobs 2`` and on the
-loopback Dask cluster gets the same ``score``, ``max_score``, ``status`` and ``message`` in
-grades.csv and the same score for every test in the results.
+tests/wrong_submissions, and graded by the README's instructor steps (once per test session,
+tests/course_run.py, with the default ``--jobs``: one per core): the 20 copies all get full
+marks. A subset (4 copies, the release, the wrong ones) graded again with ``--jobs 1``,
+``--jobs 4`` and on the loopback Dask cluster gets the same ``score``, ``max_score``,
+``status`` and ``message`` in grades.csv and the same score for every test in the results.
 """
 from __future__ import annotations
 
@@ -21,18 +22,19 @@ import pytest
 
 from tests.assignments import (ASSIGNMENTS, EXERCISES, ROOT, WRONG, hand_in, load_wrong,
                                submission, wrong_submissions)
+from tests.course_run import REFERENCE_COPIES, reference
 from tests.dask_cluster import CLUSTER_ENV, cluster  # noqa: F401 - cluster: a fixture
 
 pytestmark = pytest.mark.integration
 
-COPIES, SUBSET = 20, 4
+SUBSET = 4
 COMPARED = ("score", "max_score", "status", "message")
 
 
 def hand_in_cases(folder: Path, assignment: str, copies: int) -> None:
     """The reference copies, the unedited release and the wrong submissions, handed in."""
     notebook = ASSIGNMENTS[assignment]
-    cases = {f"reference_{n:02d}": submission(assignment, {}) for n in range(copies)}
+    cases = {reference(n): submission(assignment, {}) for n in range(copies)}
     cases["unedited"] = nbformat.read(str(EXERCISES / assignment / f"{notebook}.ipynb"),
                                       as_version=4)
     cases.update(wrong_submissions(assignment))
@@ -47,8 +49,14 @@ def grade(submitted: Path, assignment: str, out: Path, *options: str) -> dict:
         cwd=ROOT, env=dict(os.environ, **CLUSTER_ENV), capture_output=True, text=True,
         timeout=1200)
     assert done.returncode == 0, f"{options}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return read_grades(out, assignment)
+
+
+def read_grades(out: Path, assignment: str) -> dict:
+    """Per student of ``assignment`` graded into ``out``: the grades.csv row and test scores."""
     with (out / "grades.csv").open() as handle:
-        rows = {row["student_id"]: row for row in csv.DictReader(handle)}
+        rows = {row["student_id"]: row for row in csv.DictReader(handle)
+                if row["assignment"] == assignment}
     graded = {}
     for student, row in rows.items():
         results = out / student / assignment / f"{ASSIGNMENTS[assignment]}.results.json"
@@ -59,17 +67,16 @@ def grade(submitted: Path, assignment: str, out: Path, *options: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, cluster):  # noqa: F811 - the fixture imported above
+def runs(tmp_path_factory, cluster, course_run):  # noqa: F811 - the fixture imported above
     found = {}
     for assignment in ASSIGNMENTS:
         base = tmp_path_factory.mktemp(assignment)
-        everyone, subset = base / "all", base / "subset"
-        hand_in_cases(everyone, assignment, COPIES)
+        subset = base / "subset"
         hand_in_cases(subset, assignment, SUBSET)
         found[assignment] = {
-            "jobs 4, all": grade(everyone, assignment, base / "out-4", "--jobs", "4"),
+            "default jobs, all": read_grades(course_run.folder / "graded", assignment),
             "jobs 1": grade(subset, assignment, base / "out-1", "--jobs", "1"),
-            "jobs 2": grade(subset, assignment, base / "out-2", "--jobs", "2"),
+            "jobs 4": grade(subset, assignment, base / "out-4", "--jobs", "4"),
             "dask": grade(subset, assignment, base / "out-dask", "--scheduler",
                           cluster.address),
         }
@@ -78,23 +85,23 @@ def runs(tmp_path_factory, cluster):  # noqa: F811 - the fixture imported above
 
 @pytest.mark.parametrize("assignment", sorted(ASSIGNMENTS))
 def test_the_reference_gets_full_marks_every_time(runs, assignment):
-    graded = runs[assignment]["jobs 4, all"]
+    graded = runs[assignment]["default jobs, all"]
     copies = {s: g for s, g in graded.items() if s.startswith("reference_")}
-    assert len(copies) == COPIES
+    assert len(copies) == REFERENCE_COPIES
     lost = {student: {name: test for name, test in g["tests"].items()
                       if test[1] not in ("passed", "skipped")}
             for student, g in copies.items()
             if g["row"]["status"] != "graded" or g["row"]["score"] != g["row"]["max_score"]}
-    assert not lost, f"{assignment}: {len(lost)} of {COPIES} copies lost points: {lost}"
+    assert not lost, f"{assignment}: {len(lost)} of {REFERENCE_COPIES} copies lost points: {lost}"
 
 
 @pytest.mark.parametrize("assignment", sorted(ASSIGNMENTS))
-@pytest.mark.parametrize("run", ["jobs 1", "jobs 2", "dask"])
+@pytest.mark.parametrize("run", ["jobs 1", "jobs 4", "dask"])
 def test_grades_are_the_same_however_grading_runs(runs, assignment, run):
-    everyone = runs[assignment]["jobs 4, all"]
+    everyone = runs[assignment]["default jobs, all"]
     graded = runs[assignment][run]
     assert len(graded) == SUBSET + 1 + sum(load_wrong(p)["assignment"] == assignment
                                            for p in WRONG)
     differ = {student: (everyone[student], g) for student, g in graded.items()
               if g != everyone[student]}
-    assert not differ, f"{assignment}, {run} differs from --jobs 4: {differ}"
+    assert not differ, f"{assignment}, {run} differs from the default --jobs: {differ}"

@@ -7,47 +7,25 @@
 * An instructor runs nbgrader's steps in the README's order: ``nbgrader generate_assignment``,
   submissions collected into ``submitted/``, ``python -m autograder grade ... --gradebook``,
   ``nbgrader generate_feedback``, ``nbgrader export``: the exported scores equal grades.csv,
-  and no feedback page holds a line of a hidden test.
+  and no feedback page holds a line of a hidden test. These steps run once per test session
+  (tests/course_run.py); other tests read the grades they wrote.
 """
 from __future__ import annotations
 
-import csv
 import html
-import json
-import os
 import re
-import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import nbformat
 import pytest
 
 from autograder.check import check, has_code
-from autograder.grade import resolve_device
-from autograder.kernels import ForkServer, notebook_imports
-from autograder.options import GradeOptions
-from tests.assignments import (ASSIGNMENTS, HIDDEN, ROOT, SOLUTIONS, grade_cells, hand_in,
-                               nbgrader_meta, release_notebook, solution_notebook, submission,
-                               wrong_submissions)
+from autograder.grade import LocalRunner
+from autograder.options import CHECK_PROFILE, GradeOptions
+from tests.assignments import (ASSIGNMENTS, HIDDEN, grade_cells, nbgrader_meta, release_notebook,
+                               solution_notebook, submission, wrong_submissions)
+from tests.course_run import reference, run
 
 pytestmark = pytest.mark.integration
-
-
-def run(*command: str, cwd: Path = ROOT, timeout: int = 900) -> subprocess.CompletedProcess:
-    """A command as the README writes it, with .venv/bin first on PATH (nbgrader needs alembic)."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT),
-               PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"])
-    done = subprocess.run([sys.executable, "-m", *command], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=timeout)
-    return done
-
-
-def ok(done: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
-    assert done.returncode == 0, (f"{' '.join(done.args[2:])} failed ({done.returncode}):\n"
-                                  f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
-    return done
 
 
 def visible_points(assignment: str) -> float:
@@ -70,7 +48,7 @@ def cases(assignment: str) -> dict:
 def test_a_learner_checks_a_solved_notebook_and_gets_every_visible_point(tmp_path, assignment):
     path = tmp_path / f"{ASSIGNMENTS[assignment]}.ipynb"
     nbformat.write(submission(assignment, {}), str(path))
-    done = ok(run("autograder", "check", str(path), cwd=tmp_path))
+    done = run("autograder", "check", str(path), cwd=tmp_path)
     points = visible_points(assignment)
     assert points > 0
     last = done.stdout.strip().splitlines()[-1]
@@ -79,27 +57,23 @@ def test_a_learner_checks_a_solved_notebook_and_gets_every_visible_point(tmp_pat
 
 
 @pytest.fixture(scope="module")
-def checked_and_graded(tmp_path_factory):
-    """Every case of every assignment, checked (the learner's command) and graded (the
-    instructor's): assignment -> student -> (check report, Gradescope results)."""
+def checked_and_graded(course_run):
+    """Every learner-made case of every assignment (the reference answers typed in, and each of
+    tests/wrong_submissions), checked with the learner's command and graded with the
+    instructor's (once per session, tests/course_run.py): assignment -> student -> (check
+    report, Gradescope results)."""
     found = {}
-    device = resolve_device("auto")
-    for assignment, notebook in ASSIGNMENTS.items():
-        base = tmp_path_factory.mktemp(assignment)
-        submitted = base / "submitted"
-        hand_in(submitted, assignment, cases(assignment))
-        ok(run("autograder", "grade", str(submitted), "--assignment", assignment,
-               "--out", str(base / "out"), "--device", device, "--no-progress"))
-        found[assignment] = {}
-        released = submitted / "solved" / assignment / f"{notebook}.ipynb"
-        options = GradeOptions(device=device)
-        with ForkServer(notebook_imports([released])) as server:
-            for student in cases(assignment):
-                path = submitted / student / assignment / f"{notebook}.ipynb"
-                report = check(path, options=options, fork_server=server)
-                results = json.loads((base / "out" / student / assignment
-                                      / f"{notebook}.results.json").read_text())
-                found[assignment][student] = (report, results)
+    for assignment in ASSIGNMENTS:
+        students = [reference(0), *wrong_submissions(assignment)]
+        paths = {student: course_run.submitted(assignment, student) for student in students}
+        # One warm runner for the assignment's checks, as `python -m autograder check` makes
+        # for each: the learner's defaults (quick profile), auto device resolved by it.
+        with LocalRunner(1, "fork", [paths[reference(0)]]) as runner:
+            options = runner.resolve(GradeOptions(profile=CHECK_PROFILE))
+            found[assignment] = {
+                student: (check(path, options=options, spawner=runner.spawner),
+                          course_run.results(assignment, student))
+                for student, path in paths.items()}
     return found
 
 
@@ -113,7 +87,7 @@ def test_check_and_grade_agree_on_every_visible_test(checked_and_graded, assignm
         assert checked == {name: graded[name] for name in checked}, (
             f"{assignment}/{student}: check {checked} but grade "
             f"{ {name: graded[name] for name in checked} }")
-        if student == "solved":
+        if student == reference(0):
             assert report.all_passed, f"{assignment}: {report.tests}"
         messages = {t["name"]: t["output"] for t in results["tests"]}
         for test in report.tests:
@@ -132,48 +106,18 @@ def without_numbers(message: str) -> str:
 # The instructor
 
 
-@pytest.fixture(scope="module")
-def instructor_run(tmp_path_factory):
-    """The README's instructor guide, step by step, in a fresh course directory."""
-    course = tmp_path_factory.mktemp("course")
-    shutil.copy(ROOT / "nbgrader_config.py", course / "nbgrader_config.py")
-    shutil.copytree(SOLUTIONS, course / "solutions")
-    ok(run("nbgrader", "generate_assignment", "*", "--force", cwd=course))
-    steps = {}
-    for assignment, notebook in ASSIGNMENTS.items():
-        released = nbformat.read(str(course / "exercises" / assignment / f"{notebook}.ipynb"),
-                                 as_version=4)
-        students = {"carol": released}  # handed in the release as it came
-        students.update(("alice" if name == "solved" else f"bob_{name}", nb)
-                        for name, nb in cases(assignment).items())
-        hand_in(course / "submitted", assignment, students)
-        ok(run("autograder", "grade", "submitted", "--assignment", assignment, "--out", "graded",
-               "--gradebook", "--no-progress", cwd=course))
-        ok(run("nbgrader", "generate_feedback", assignment,
-               "--CourseDirectory.autograded_directory=graded", cwd=course))
-        steps[assignment] = sorted(students)
-    ok(run("nbgrader", "export", cwd=course))
-    return course, steps
-
-
-def test_the_instructor_exports_what_the_grader_wrote(instructor_run):
-    course, steps = instructor_run
-    with (course / "grades.csv").open() as handle:
-        exported = {(row["assignment"], row["student_id"]): float(row["raw_score"])
-                    for row in csv.DictReader(handle)}
-    with (course / "graded" / "grades.csv").open() as handle:
-        ours = {(row["assignment"], row["student_id"]): float(row["score"])
-                for row in csv.DictReader(handle)}
-    for assignment, students in steps.items():
+def test_the_instructor_exports_what_the_grader_wrote(course_run):
+    exported, ours = course_run.exported(), course_run.grades()
+    for assignment, students in course_run.students.items():
         for student in students:
-            assert exported[(assignment, student)] == ours[(assignment, student)], (
+            assert exported[(assignment, student)] == float(ours[(assignment, student)]["score"]), (
                 assignment, student)
-        assert ours[(assignment, "alice")] > 0 and ours[(assignment, "carol")] == 0
+        assert float(ours[(assignment, reference(0))]["score"]) > 0
+        assert float(ours[(assignment, "unedited")]["score"]) == 0
 
 
-def test_feedback_holds_no_line_of_a_hidden_test(instructor_run):
-    course, steps = instructor_run
-    for assignment, students in steps.items():
+def test_feedback_holds_no_line_of_a_hidden_test(course_run):
+    for assignment, students in course_run.students.items():
         cells = [cell.source for cell in solution_notebook(assignment).cells]
         # What the learners may see anyway: the visible tests, the text, everyone's answers.
         elsewhere = "\n".join([HIDDEN.sub("", source) for source in cells] + [
@@ -184,7 +128,7 @@ def test_feedback_holds_no_line_of_a_hidden_test(instructor_run):
                   and "HIDDEN TESTS" not in line and not line.strip().startswith("#")}
         assert len(hidden) > 20, assignment
         for student in students:
-            page = course / "feedback" / student / assignment / f"{ASSIGNMENTS[assignment]}.html"
+            page = course_run.feedback(assignment, student)
             assert page.exists(), f"no feedback for {student}/{assignment}"
             text = page.read_text()
             text = html.unescape(re.sub(r"<[^>]+>", "", text))

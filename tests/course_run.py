@@ -1,0 +1,109 @@
+"""The README's instructor guide, done once per test session on every real assignment.
+
+Every test that needs the course's grader's verdict on a real case reads it from this one run
+(``python -m autograder grade`` with its defaults, as the README writes it), so each case is
+graded once in this mode: ``tests/test_autograder_assignments.py`` (scores against
+tests/wrong_submissions), ``tests/test_journeys.py`` (feedback, export, ``check`` against
+``grade``) and ``tests/test_autograder_determinism.py`` (the same grades at other
+parallelism). nbgrader's own ``autograde`` grades the same cases in tests/test_assignments.py.
+
+Students of each assignment:
+
+* ``solution``: the instructor's notebook itself, hidden tests and all;
+* ``unedited``: the release as ``nbgrader generate_assignment`` wrote it;
+* ``reference_00`` ... : the release with the reference answers typed in, as a learner would;
+* ``wrong_<case>``: one per file of tests/wrong_submissions.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import nbformat
+
+from tests.assignments import (ASSIGNMENTS, ROOT, SOLUTIONS, hand_in, solution_notebook,
+                               submission, wrong_submissions)
+
+REFERENCE_COPIES = 20  # reference answers handed in this many times (grades must not vary)
+
+
+def reference(n: int) -> str:
+    return f"reference_{n:02d}"
+
+
+def run(*command: str, cwd: Path = ROOT, timeout: int = 1800) -> subprocess.CompletedProcess:
+    """``python -m <command>`` as the README writes it, with .venv/bin first on PATH (nbgrader
+    runs alembic from PATH when it creates gradebook.db); fails with the command's output."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT),
+               PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"])
+    done = subprocess.run([sys.executable, "-m", *command], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, (f"{' '.join(command)} failed ({done.returncode}):\n"
+                                  f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    return done
+
+
+@dataclass
+class CourseRun:
+    """A course folder after the instructor's steps, and what each step left there."""
+    folder: Path
+    students: dict  # assignment -> sorted student ids
+
+    def submitted(self, assignment: str, student: str) -> Path:
+        return (self.folder / "submitted" / student / assignment
+                / f"{ASSIGNMENTS[assignment]}.ipynb")
+
+    def results(self, assignment: str, student: str) -> dict:
+        """The grader's Gradescope-style results.json of one student."""
+        path = (self.folder / "graded" / student / assignment
+                / f"{ASSIGNMENTS[assignment]}.results.json")
+        return json.loads(path.read_text())
+
+    def grades(self) -> dict:
+        """(assignment, student) -> the grader's grades.csv row."""
+        with (self.folder / "graded" / "grades.csv").open() as handle:
+            return {(row["assignment"], row["student_id"]): row for row in csv.DictReader(handle)}
+
+    def exported(self) -> dict:
+        """(assignment, student) -> raw score in ``nbgrader export``'s grades.csv."""
+        with (self.folder / "grades.csv").open() as handle:
+            return {(row["assignment"], row["student_id"]): float(row["raw_score"])
+                    for row in csv.DictReader(handle)}
+
+    def feedback(self, assignment: str, student: str) -> Path:
+        return (self.folder / "feedback" / student / assignment
+                / f"{ASSIGNMENTS[assignment]}.html")
+
+
+def cases(assignment: str, released: nbformat.NotebookNode) -> dict:
+    """student -> notebook handed in, for one assignment (see the module's docstring)."""
+    handed = {"solution": solution_notebook(assignment), "unedited": released}
+    handed.update((reference(n), submission(assignment, {})) for n in range(REFERENCE_COPIES))
+    handed.update(wrong_submissions(assignment))
+    return handed
+
+
+def instructor_steps(course: Path) -> CourseRun:
+    """The README's instructor guide in ``course`` (a new folder), in its order."""
+    shutil.copy(ROOT / "nbgrader_config.py", course / "nbgrader_config.py")
+    shutil.copytree(SOLUTIONS, course / "solutions")
+    run("nbgrader", "generate_assignment", "*", "--force", cwd=course)
+    students = {}
+    for assignment, notebook in ASSIGNMENTS.items():
+        released = nbformat.read(str(course / "exercises" / assignment / f"{notebook}.ipynb"),
+                                 as_version=4)
+        handed = cases(assignment, released)
+        hand_in(course / "submitted", assignment, handed)
+        run("autograder", "grade", "submitted", "--assignment", assignment, "--out", "graded",
+            "--gradebook", "--no-progress", cwd=course)
+        run("nbgrader", "generate_feedback", assignment,
+            "--CourseDirectory.autograded_directory=graded", cwd=course)
+        students[assignment] = sorted(handed)
+    run("nbgrader", "export", cwd=course)
+    return CourseRun(course, students)
