@@ -39,7 +39,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def built_book():
     """Build the real book once per test session (as `make book` does) and return the result."""
-    from dlperf import book
+    from coursebook import book
     result = book.build(echo=False)
     assert result.ok, (f"book build failed (exit {result.returncode})\n"
                        f"{result.log[-6000:]}\n{result.reports()}")
