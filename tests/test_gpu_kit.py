@@ -8,6 +8,11 @@ d2l. ``make gpu-kit`` makes the kit as a user would; it is installed into the st
 ``pip install --no-index --no-deps`` (by ``scripts/gpu-run`` itself), and ``scripts/gpu-run``
 then runs every step in the quick profile on the CPU. A package missing from the kit, or a step
 that breaks, fails here.
+
+Its chapters are the built book's published notebooks (``--notebooks``), what Colab and Binder
+open: so this one run of each chapter after the book build also shows that they run from top to
+bottom where ``import myst_nb`` fails (the stand-in has no myst-nb) and in a folder with no file
+of the repository, printing every value the page glues (``dlperf.glue``).
 """
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ import sys
 import zipfile
 from pathlib import Path
 
+import nbformat
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -94,7 +100,7 @@ def stand_in(kit):
     for name in ("VIRTUAL_ENV", "PYTHONPATH", "DLPERF_PROFILE"):
         env.pop(name, None)
     missing = run([python, "-c", "import importlib.util as u; print([m for m in ('papermill', "
-                   "'jupytext', 'ipykernel', 'nbgrader', 'd2l') if u.find_spec(m)])"], env=env)
+                   "'jupytext', 'ipykernel', 'nbgrader', 'd2l', 'myst_nb') if u.find_spec(m)])"], env=env)
     assert missing.stdout.strip() == "[]", f"the stand-in has more than the machines: {missing.stdout}"
     return python, env
 
@@ -115,13 +121,16 @@ def test_the_kit_fits_the_machines_one_version_each(kit):
     assert {"papermill", "jupytext", "ipykernel", "nbclient", "nbformat", "d2l"} <= set(names)
 
 
-def test_gpu_run_passes_on_the_stand_in(stand_in, tmp_path):
-    """``scripts/gpu-run`` as on a GPU machine (quick profile, the CPU): every step passes."""
+def test_gpu_run_passes_on_the_stand_in(stand_in, built_book, tmp_path):
+    """``scripts/gpu-run`` as on a GPU machine (quick profile, the CPU): every step passes, and
+    every published chapter notebook runs there."""
     python, env = stand_in
     out, site = tmp_path / "out", tmp_path / "site"
     before = (ROOT / "status" / "gpu-runs.json").read_text()
+    published = built_book.html / "_sources" / "chapters"
     done = subprocess.run([str(ROOT / "scripts" / "gpu-run"), "--profile", "quick", "--out",
-                           str(out), "--site", str(site), "--budget", "2400"],
+                           str(out), "--site", str(site), "--budget", "2400",
+                           "--notebooks", str(published)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=3000)
     summary = json.loads((out / "summary.json").read_text())
     steps = {step["step"]: step for step in summary["steps"]}
@@ -140,6 +149,9 @@ def test_gpu_run_passes_on_the_stand_in(stand_in, tmp_path):
         assert sorted(archive.namelist()) == sorted(f"{p.split('/')[-1]}.ipynb" for p in toc)
         text = archive.read(f"{toc[0].split('/')[-1]}.ipynb").decode()
         assert "PyTorch 2.11" in text and "Run profile quick" in text
+        for page in toc:
+            assert_glued_values_printed(page, nbformat.reads(
+                archive.read(f"{page.split('/')[-1]}.ipynb").decode(), as_version=4))
     cases = steps["grading"]["cases"]
     assert {c["assignment"] for c in cases} == {p.name for p in (ROOT / "solutions").iterdir()
                                                 if p.is_dir()}
@@ -151,6 +163,16 @@ def test_gpu_run_passes_on_the_stand_in(stand_in, tmp_path):
     assert (ROOT / "status" / "gpu-runs.json").read_text() == before
     files = list(out.iterdir())
     assert len(files) <= 8 and all(f.stat().st_size <= 16 * 2**20 for f in files), files
+
+
+def assert_glued_values_printed(page: str, nb) -> None:
+    """Without myst-nb, ``dlperf.glue`` prints each value the page glues as ``name: value``."""
+    printed = "".join(output.get("text", "") for cell in nb.cells
+                      for output in cell.get("outputs", []) if output.get("name") == "stdout")
+    glued = re.findall(r'glue\("([^"]+)"', "\n".join(cell.source for cell in nb.cells))
+    assert glued, f"{page}: glues nothing"
+    for key in glued:
+        assert f"{key}: " in printed, f"{page}: {key} was neither glued nor printed"
 
 
 def test_dlperf_passes_its_tests_on_the_lowest_torch(stand_in, tmp_path):
