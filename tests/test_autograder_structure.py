@@ -74,3 +74,13 @@ def test_limits_are_not_written_twice():
         for literal in ("start_timeout=60", '("auto", "cpu", "cuda")', '"quick", "full"',
                         "WORKERS_TIMEOUT = ", "START_MARGIN = ", "RETRIES = "):
             assert literal not in text, (path.name, literal)
+
+
+def test_both_runners_implement_the_runner_protocol():
+    from autograder.cluster import Cluster
+    from autograder.grade import LocalRunner, Runner
+    wanted = {name for name in vars(Runner) if not name.startswith("_")}
+    assert wanted == {"describe", "threads", "prepare", "resolve", "grade", "close"}
+    for runner in (LocalRunner, Cluster):
+        assert all(callable(getattr(runner, name, None)) for name in wanted), runner
+        assert hasattr(runner, "__enter__") and hasattr(runner, "__exit__")
