@@ -4,6 +4,8 @@ from __future__ import annotations
 import csv
 import importlib.util
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -80,3 +82,34 @@ def test_two_copies_of_one_assignment_print_a_full_row(capsys):
     assert fields[1] == "2" and fields[5] == "2/2" and fields[6] == "2", printed
     wall, per_submission = float(fields[2]), float(fields[3])
     assert wall > 0 and per_submission == pytest.approx(wall / 2, abs=0.06)
+
+
+# Modules PyTorch imports lazily, on first use, at a cost of seconds in every process that uses
+# them (the grader's kernels and checks processes are forked from a server that imported torch
+# only): sympy through Module.to_empty() on meta tensors, torch._dynamo and triton through
+# torch.optim. gradient_bucketing's tests once paid them twice per submission (5 s instead of 1).
+LAZY = ("sympy", "torch._dynamo", "triton")
+RUN_CELLS = """
+import json, sys
+import torch
+nb = json.load(open(sys.argv[1]))
+scope = {"__name__": "__main__"}
+for cell in nb["cells"]:
+    if cell["cell_type"] == "code":
+        exec("".join(cell["source"]), scope)  # the test cells' probes and checks, in one go
+print(json.dumps([name for name in sys.argv[2:] if name in sys.modules]))
+"""
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("assignment", sorted(throughput.ASSIGNMENTS))
+def test_grading_an_assignment_imports_nothing_slow_beyond_torch(assignment, tmp_path):
+    notebook = ROOT / "solutions" / assignment / f"{throughput.ASSIGNMENTS[assignment]}.ipynb"
+    env = dict(os.environ, DLPERF_DATA="synthetic", CUDA_VISIBLE_DEVICES="",
+               PYTHONPATH=str(ROOT))
+    done = subprocess.run([sys.executable, "-c", RUN_CELLS, str(notebook), *LAZY], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    pulled = json.loads(done.stdout.strip().splitlines()[-1])
+    assert pulled == [], (f"{assignment}'s cells import {pulled}, seconds per grading process; "
+                          "see the comment above LAZY")
