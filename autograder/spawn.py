@@ -82,7 +82,8 @@ class Spawner(Protocol):
     def start(self, target: str, *args: str, cwd: Optional[str] = None,
               env: Optional[Dict[str, str]] = None, stderr: Optional[str] = None) -> Process:
         """Start ``target(*args)`` in a new process. ``env`` replaces the environment
-        (None: the spawner's own); ``stderr`` is a file to append the process's stderr to."""
+        (None: the spawner's own, with this package on ``PYTHONPATH``); ``stderr`` is a file
+        to append the process's stderr to."""
         ...
 
     def close(self) -> None: ...
@@ -123,6 +124,9 @@ class FreshInterpreter:
     def start(self, target: str, *args: str, cwd: Optional[str] = None,
               env: Optional[Dict[str, str]] = None, stderr: Optional[str] = None
               ) -> subprocess.Popen:
+        # Without an environment of its own, ours, where this package is importable (as
+        # for a forked child, whose server's PYTHONPATH names it).
+        env = _environment() if env is None else env
         log = open(stderr, "ab") if stderr else subprocess.DEVNULL
         try:
             return subprocess.Popen(

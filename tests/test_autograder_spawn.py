@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,8 +19,10 @@ def report(path: str, *words: str) -> None:
                                     os.environ.get("SPAWN_TEST", "-"), *words]))
 
 
-def fail() -> None:
-    raise SystemExit(3)
+def paths(path: str) -> None:
+    """A target: write whether this package's root is on sys.path and PYTHONPATH."""
+    root = str(spawn.PACKAGE_ROOT)
+    Path(path).write_text(f"{root in sys.path} {root in os.environ.get('PYTHONPATH', '')}")
 
 
 @pytest.fixture(scope="module")
@@ -73,3 +76,16 @@ def test_the_cuda_probe_is_a_target(server):
     from autograder.device import cuda_available, resolve_device
     assert cuda_available(server) == cuda_available(FreshInterpreter()) in (True, False)
     assert resolve_device("auto", server) == ("cuda" if cuda_available(server) else "cpu")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_only_a_given_environment_is_kept_exactly(kind, request, tmp_path):
+    """Without env, the target can import what the grader can (the setup code of the checks
+    imports the course's package); with one (a kernel's), it gets just that."""
+    spawner = request.getfixturevalue("server") if kind == "fork" else FreshInterpreter()
+    out = tmp_path / "paths.txt"
+    spawner.start("tests.test_autograder_spawn:paths", str(out)).wait(timeout=60)
+    assert out.read_text() == "True True"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    spawner.start("tests.test_autograder_spawn:paths", str(out), env=env).wait(timeout=60)
+    assert out.read_text() == "False False"
