@@ -152,6 +152,21 @@ def title(page: str) -> str:
     return found.group(1).strip() if found else page
 
 
+def chapter_notebook(run: Run, page: str, source: Path, notebooks: Path | None, env: dict):
+    """Write the notebook to execute for ``page`` at ``source``: the published one from
+    ``notebooks``, else the page's ``.md`` made a notebook by jupytext. Its exit code."""
+    if notebooks is None:
+        code, _ = run.command([sys.executable, "-m", "jupytext", "--to", "ipynb", "--output",
+                               source, ROOT / f"{page}.md"], timeout=60, env=env)
+        return code
+    published = notebooks / f"{page.split('/')[-1]}.ipynb"
+    if not published.exists():
+        run.say(f"{page}: no published notebook {published}")
+        return 1
+    shutil.copyfile(published, source)
+    return 0
+
+
 def run_chapters(run: Run, site: Path, profile: str, hardware: dict,
                  notebooks: Path | None = None) -> tuple:
     """Execute every chapter; (the step's record, the runs for the status page).
@@ -173,16 +188,7 @@ def run_chapters(run: Run, site: Path, profile: str, hardware: dict,
             run.say(f"{page}: not run, out of time")
             continue
         source, executed = work / f"{name}.ipynb", work / f"{name}.executed.ipynb"
-        if notebooks is not None:
-            published = notebooks / f"{name}.ipynb"
-            code = 0 if published.exists() else 1
-            if code == 0:
-                shutil.copyfile(published, source)
-            else:
-                run.say(f"{page}: no published notebook {published}")
-        else:
-            code, _ = run.command([sys.executable, "-m", "jupytext", "--to", "ipynb",
-                                   "--output", source, ROOT / f"{page}.md"], timeout=60, env=env)
+        code = chapter_notebook(run, page, source, notebooks, env)
         began, ran_at = time.monotonic(), datetime.now(timezone.utc).isoformat(timespec="seconds")
         if code == 0:
             code, _ = run.command([sys.executable, "-m", "papermill", source, executed,

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -64,6 +65,25 @@ def test_chapters_come_in_the_books_order():
     toc = re.findall(r"- file: (chapters/[\w-]+)", (ROOT / "_toc.yml").read_text())
     assert gpu_run.chapters() == toc and toc
     assert gpu_run.title("chapters/hybridize").startswith("Compilers")
+
+
+def test_a_chapter_runs_from_its_page_or_from_its_published_notebook(tmp_path):
+    """The .md path (a GPU machine) and the published path (the stand-in: tests/test_gpu_kit.py)."""
+    import nbformat
+    (tmp_path / "out").mkdir()
+    run = gpu_run.Run(tmp_path / "out", budget=120)
+    made = tmp_path / "made.ipynb"
+    assert gpu_run.chapter_notebook(run, "chapters/hybridize", made, None, dict(os.environ)) == 0
+    code = [c.source for c in nbformat.read(made, as_version=4).cells if c.cell_type == "code"]
+    assert code and "import dlperf" in "\n".join(code)
+    published = tmp_path / "published"
+    published.mkdir()
+    (published / "hybridize.ipynb").write_text("{}")
+    copied = tmp_path / "copied.ipynb"
+    assert gpu_run.chapter_notebook(run, "chapters/hybridize", copied, published, {}) == 0
+    assert copied.read_text() == "{}"
+    assert gpu_run.chapter_notebook(run, "chapters/profiling", copied, published, {}) == 1
+    run.log.close()
 
 
 def test_gpu_runs_are_recorded_for_the_status_page_and_cpu_runs_are_not(tmp_path, monkeypatch):
