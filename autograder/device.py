@@ -10,7 +10,6 @@ import os
 import tempfile
 from typing import Optional
 
-from .options import DEVICES, GradeOptions
 from .spawn import Spawner, open_spawner
 
 TARGET = "autograder.device:probe"
@@ -39,10 +38,3 @@ def cuda_available(spawner: Optional[Spawner] = None) -> bool:
     finally:
         os.unlink(path)
 
-
-def resolve_device(requested: str = GradeOptions.device,
-                   spawner: Optional[Spawner] = None) -> str:
-    """``auto`` -> ``cuda`` when PyTorch sees a CUDA GPU, else ``cpu``."""
-    if requested in DEVICES:
-        return requested
-    return GradeOptions(device=requested).resolve(lambda: cuda_available(spawner)).device

@@ -81,10 +81,11 @@ class CourseRun:
                 / f"{ASSIGNMENTS[assignment]}.html")
 
 
-def cases(assignment: str, released: nbformat.NotebookNode) -> dict:
+def cases(assignment: str, released: nbformat.NotebookNode,
+          copies: int = REFERENCE_COPIES) -> dict:
     """student -> notebook handed in, for one assignment (see the module's docstring)."""
     handed = {"solution": solution_notebook(assignment), "unedited": released}
-    handed.update((reference(n), submission(assignment, {})) for n in range(REFERENCE_COPIES))
+    handed.update((reference(n), submission(assignment, {})) for n in range(copies))
     handed.update(wrong_submissions(assignment))
     return handed
 

@@ -4,9 +4,10 @@ Every assignment's reference solution, typed into the released notebook as a lea
 is handed in 20 times with the unedited release and every wrong submission of
 tests/wrong_submissions, and graded by the README's instructor steps (once per test session,
 tests/course_run.py, with the default ``--jobs``: one per core): the 20 copies all get full
-marks. A subset (4 copies, the release, the wrong ones) graded again with ``--jobs 1``,
-``--jobs 4`` and on the loopback Dask cluster gets the same ``score``, ``max_score``,
-``status`` and ``message`` in grades.csv and the same score for every test in the results.
+marks. A subset (4 copies, the instructor's solution, the release, the wrong ones) graded
+again with ``--jobs 1``, ``--jobs 4`` and on the loopback Dask cluster gets the same ``score``,
+``max_score``, ``status`` and ``message`` in grades.csv and the same score for every test in the
+results.
 """
 from __future__ import annotations
 
@@ -17,28 +18,16 @@ import subprocess
 import sys
 from pathlib import Path
 
-import nbformat
 import pytest
 
-from tests.assignments import (ASSIGNMENTS, EXERCISES, ROOT, WRONG, hand_in, load_wrong,
-                               submission, wrong_submissions)
-from tests.course_run import REFERENCE_COPIES, reference
+from tests.assignments import ASSIGNMENTS, ROOT, WRONG, hand_in, load_wrong, release_notebook
+from tests.course_run import REFERENCE_COPIES, cases
 from tests.dask_cluster import CLUSTER_ENV, cluster  # noqa: F401 - cluster: a fixture
 
 pytestmark = pytest.mark.integration
 
 SUBSET = 4
 COMPARED = ("score", "max_score", "status", "message")
-
-
-def hand_in_cases(folder: Path, assignment: str, copies: int) -> None:
-    """The reference copies, the unedited release and the wrong submissions, handed in."""
-    notebook = ASSIGNMENTS[assignment]
-    cases = {reference(n): submission(assignment, {}) for n in range(copies)}
-    cases["unedited"] = nbformat.read(str(EXERCISES / assignment / f"{notebook}.ipynb"),
-                                      as_version=4)
-    cases.update(wrong_submissions(assignment))
-    hand_in(folder, assignment, cases)
 
 
 def grade(submitted: Path, assignment: str, out: Path, *options: str) -> dict:
@@ -72,7 +61,7 @@ def runs(tmp_path_factory, cluster, course_run):  # noqa: F811 - the fixture imp
     for assignment in ASSIGNMENTS:
         base = tmp_path_factory.mktemp(assignment)
         subset = base / "subset"
-        hand_in_cases(subset, assignment, SUBSET)
+        hand_in(subset, assignment, cases(assignment, release_notebook(assignment), SUBSET))
         found[assignment] = {
             "default jobs, all": read_grades(course_run.folder / "graded", assignment),
             "jobs 1": grade(subset, assignment, base / "out-1", "--jobs", "1"),
@@ -100,7 +89,7 @@ def test_the_reference_gets_full_marks_every_time(runs, assignment):
 def test_grades_are_the_same_however_grading_runs(runs, assignment, run):
     everyone = runs[assignment]["default jobs, all"]
     graded = runs[assignment][run]
-    assert len(graded) == SUBSET + 1 + sum(load_wrong(p)["assignment"] == assignment
+    assert len(graded) == SUBSET + 2 + sum(load_wrong(p)["assignment"] == assignment
                                            for p in WRONG)
     differ = {student: (everyone[student], g) for student, g in graded.items()
               if g != everyone[student]}

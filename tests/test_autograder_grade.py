@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from autograder.execute import Limits
-from autograder.device import resolve_device
+from autograder.device import cuda_available
 from autograder.grade import (ERROR, GRADED, INVALID, GradeOptions, LocalRunner, grade_submission,
                               prepare_workdir)
 from autograder.spawn import FreshInterpreter
@@ -115,8 +115,10 @@ def test_local_runner_gives_each_case_its_score(tmp_path, sources, kernel):
 
 
 def test_resolve_device():
-    assert resolve_device("cpu") == "cpu" and resolve_device("cuda") == "cuda"
+    def device(requested: str) -> str:
+        return GradeOptions(device=requested).resolve(cuda_available).device
+    assert device("cpu") == "cpu" and device("cuda") == "cuda"
     import torch
-    assert resolve_device("auto") == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert device("auto") == ("cuda" if torch.cuda.is_available() else "cpu")
     with pytest.raises(ValueError):
-        resolve_device("tpu")
+        device("tpu")

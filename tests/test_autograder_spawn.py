@@ -73,9 +73,11 @@ def test_targets_are_dotted_names():
 
 
 def test_the_cuda_probe_is_a_target(server):
-    from autograder.device import cuda_available, resolve_device
+    from autograder.device import cuda_available
+    from autograder.options import GradeOptions
     assert cuda_available(server) == cuda_available(FreshInterpreter()) in (True, False)
-    assert resolve_device("auto", server) == ("cuda" if cuda_available(server) else "cpu")
+    resolved = GradeOptions().resolve(lambda: cuda_available(server))
+    assert resolved.device == ("cuda" if cuda_available(server) else "cpu")
 
 
 @pytest.mark.parametrize("kind", KINDS)
