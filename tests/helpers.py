@@ -71,3 +71,49 @@ def execute_chapter(name: str, monkeypatch, timeout: int = 900) -> nbformat.Note
     NotebookClient(nb, timeout=timeout, kernel_name="python3",
                    resources={"metadata": {"path": str(ROOT / "chapters")}}).execute()
     return nb
+
+
+# What a reader should never meet in a page's output: the machine's own paths, object reprs,
+# warnings and log lines. Each pattern is named by what it catches.
+_UNREADABLE = {
+    "an object repr": re.compile(r"<[^<>\n]* at 0x[0-9a-fA-F]+>"),
+    "a temporary path": re.compile(r"(?<![\w.])/tmp/|/var/folders/|\\Temp\\"),
+    "a path into the virtual environment": re.compile(r"\.venv\b|site-packages"),
+    "a path of this checkout": re.compile(re.escape(str(ROOT))),
+    "a warning": re.compile(r"\b\w*Warning\b:|^\s*warnings\.warn", re.MULTILINE),
+    "a log line": re.compile(r"^(\[rank\d+\]:)?(\[?[WIEF]\d{4} \d\d:\d\d|(WARNING|INFO|DEBUG|ERROR)"
+                             r"(:|\s+\[))", re.MULTILINE),
+    "a traceback": re.compile(r"Traceback \(most recent call last\)"),
+    "a plural in parentheses": re.compile(r"\w\(s\)"),
+}
+HIDDEN = {"remove-cell", "remove-input"}
+VERDICT_NAME = re.compile(r"_(verdict|balance|margin)$")
+
+
+def readability_problems(nb: nbformat.NotebookNode, page: str = "") -> list:
+    """What keeps an executed page from reading like a book: unreadable output (see
+    ``_UNREADABLE``), anything on stderr, ``glue`` calls in code the reader sees, and verdicts
+    with asides in parentheses instead of a plain sentence. Empty when the page reads cleanly."""
+    problems = []
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        where = f"cell {index}"
+        hidden = HIDDEN & set(cell.get("metadata", {}).get("tags", []))
+        if not hidden and re.search(r"\bglue\(", cell.source):
+            problems.append(f"{where}: calls glue in code the reader sees (tag the cell remove-cell)")
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "stream" and out.get("name") == "stderr":
+                problems.append(f"{where}: writes to stderr: {out.get('text', '')[:200]!r}")
+            texts = [out.get("text", "")] + [out.get("data", {}).get("text/plain", "")]
+            for text in texts:
+                text = "".join(text) if isinstance(text, list) else text
+                for what, pattern in _UNREADABLE.items():
+                    found = pattern.search(text)
+                    if found:
+                        start = max(0, found.start() - 60)
+                        problems.append(f"{where}: prints {what}: {text[start:found.end() + 60]!r}")
+    for name, text in glued(nb, page).items():
+        if VERDICT_NAME.search(name) and "(" in text:
+            problems.append(f"verdict {name} has an aside in parentheses: {text}")
+    return problems

@@ -17,6 +17,7 @@ import yaml
 
 from coursebook import book, status
 from tests.assignments import ASSIGNMENTS
+from tests.helpers import readability_problems
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.integration
@@ -41,8 +42,7 @@ def test_every_page_of_the_toc_is_built(built_book):
 
 
 def test_no_page_has_error_output(executed_page):
-    pages = [name for name in toc_files() if (ROOT / f"{name}.md").exists()
-             and (ROOT / f"{name}.md").read_text().startswith("---\njupytext")]
+    pages = executable_pages()
     assert pages, "the toc lists no executable page"
     for name in pages:
         nb = executed_page(name)
@@ -51,6 +51,44 @@ def test_no_page_has_error_output(executed_page):
         for out in outputs:
             assert out.get("output_type") != "error", f"{name}: {out.get('ename')}: {out.get('evalue')}"
             assert "Traceback (most recent call last)" not in out.get("text", ""), name
+
+
+def executable_pages():
+    return [name for name in toc_files() if (ROOT / f"{name}.md").exists()
+            and (ROOT / f"{name}.md").read_text().startswith("---\njupytext")]
+
+
+@pytest.mark.parametrize("name", [name for name in executable_pages() if name.startswith("chapters/")])
+def test_page_reads_like_a_book(executed_page, name):
+    """No warnings, logs, machine paths or object reprs in what a page prints, no glue call in
+    the code a reader sees, and every verdict a plain sentence."""
+    problems = readability_problems(executed_page(name), name)
+    assert not problems, f"{name}:\n" + "\n".join(problems)
+
+
+def test_the_readability_check_finds_what_it_forbids():
+    def page(source, text, tags=(), stream="stdout"):
+        cell = nbformat.v4.new_code_cell(source, metadata={"tags": list(tags)})
+        cell.outputs = [nbformat.v4.new_output("stream", name=stream, text=text)]
+        return nbformat.v4.new_notebook(cells=[cell])
+
+    assert readability_problems(page("x = 1", "took 2.6 times as long\n")) == []
+    assert readability_problems(page("glue('a', 1)", "", tags=["remove-cell"])) == []
+    for source, text, stream in [
+            ("glue('a', 1)", "", "stdout"),
+            ("print(f)", "<function f at 0x7f3a2b1c>", "stdout"),
+            ("print(path)", "saved to /tmp/dlperf-export-x1y2/model.pt2", "stdout"),
+            ("import x", "/work/main/.venv/lib/python3.11/site-packages/x.py:3", "stdout"),
+            ("f()", "UserWarning: TypedStorage is deprecated", "stdout"),
+            ("f()", "[W1124 10:00:00.1 ProcessGroupGloo.cpp:12] Warning: x", "stdout"),
+            ("f()", "anything at all", "stderr"),
+            ("print(n)", "1 distinct checksum(s)", "stdout")]:
+        assert readability_problems(page(source, text, stream=stream)), (source, text)
+    verdict = nbformat.v4.new_code_cell("", metadata={"tags": ["remove-cell"]})
+    verdict.outputs = [nbformat.v4.new_output(
+        "display_data", data={"application/papermill.record/text/plain": "'faster (within 10%)'"},
+        metadata={"scrapbook": {"name": "gelu_verdict", "mime_prefix": "application/papermill.record/"}})]
+    assert readability_problems(nbformat.v4.new_notebook(cells=[verdict]))
 
 
 def test_student_book_has_no_solution_or_hidden_test(built_book):
