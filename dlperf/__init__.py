@@ -8,6 +8,7 @@ text (``dlperf.glue``, which works with or without myst-nb). Pages start with
 from __future__ import annotations
 
 import importlib
+import logging
 import platform
 
 import torch
@@ -39,7 +40,7 @@ def __getattr__(name: str):
 
 def environment_line(profile: RunProfile) -> str:
     gpus = gpu_count()
-    hardware = (f"{gpus} GPU(s): {describe(torch.device('cuda:0'))}" if gpus
+    hardware = (f"{gpus} GPU{'s' if gpus > 1 else ''}: {describe(torch.device('cuda:0'))}" if gpus
                 else describe(torch.device("cpu")))
     return (f"Run profile {profile}; PyTorch {torch.__version__}, "
             f"Python {platform.python_version()}; {hardware}")
@@ -49,6 +50,9 @@ def page_setup(seed: int = 0) -> RunProfile:
     """First cell of every page: plot style, a fixed seed, and one line saying where we run."""
     from .plotting import use_book_style
     use_book_style()
+    # torch.compile probes for a CUDA toolkit even on a CPU-only machine and logs a warning
+    # when it finds a compiler without a GPU runtime; it says nothing about the page's code.
+    logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
     torch.manual_seed(seed)
     profile = run_profile()
     print(environment_line(profile))

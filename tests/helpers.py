@@ -114,6 +114,6 @@ def readability_problems(nb: nbformat.NotebookNode, page: str = "") -> list:
                         start = max(0, found.start() - 60)
                         problems.append(f"{where}: prints {what}: {text[start:found.end() + 60]!r}")
     for name, text in glued(nb, page).items():
-        if VERDICT_NAME.search(name) and "(" in text:
+        if VERDICT_NAME.search(name) and " (" in text:
             problems.append(f"verdict {name} has an aside in parentheses: {text}")
     return problems
