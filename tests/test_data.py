@@ -88,3 +88,48 @@ def test_synthetic_classes_are_learnable():
     dists = ((test_x.reshape(len(test_x), 1, -1) - means[None]) ** 2).sum(-1)
     accuracy = (dists.argmin(1) == test_y).mean()
     assert accuracy > 0.5, accuracy
+
+
+def _lenet_accuracies(epochs: int):
+    """Test accuracy after each epoch of the pages' LeNet on the synthetic set (seeded SGD)."""
+    import torch.nn.functional as F
+
+    from dlperf.models import lenet, lenet_params
+
+    def tensors(n, seed):
+        images, labels = synthetic_images(n, seed)
+        return (torch.from_numpy(images).float().div(255).unsqueeze(1),
+                torch.from_numpy(labels).long())
+
+    train_x, train_y = tensors(SYNTHETIC_SIZES[True], seed=0)
+    test_x, test_y = tensors(SYNTHETIC_SIZES[False], seed=1)
+    params = [p.requires_grad_() for p in lenet_params(seed=0)]
+    order = torch.Generator().manual_seed(0)
+    accuracies = []
+    for _ in range(epochs):
+        for batch in torch.randperm(len(train_x), generator=order).split(128):
+            F.cross_entropy(lenet(train_x[batch], params), train_y[batch]).backward()
+            with torch.no_grad():
+                for p in params:
+                    p -= 0.1 * p.grad
+                    p.grad = None
+        with torch.no_grad():
+            accuracies.append(float((lenet(test_x, params).argmax(1) == test_y).float().mean()))
+    return accuracies
+
+
+def test_synthetic_set_is_hard_enough_for_curves_that_move():
+    """One epoch must not be enough (version 1 of the set reached 0.99 in one), yet the model
+    must clearly learn (chance is 0.1) and keep improving over the pages' few epochs."""
+    first, _, third = _lenet_accuracies(epochs=3)
+    assert 0.3 < first < 0.9, first
+    assert third > first + 0.1, (first, third)
+
+
+def test_an_outdated_synthetic_set_is_written_again(tmp_path):
+    raw = write_synthetic_fashion_mnist(tmp_path / "synthetic")
+    (raw / SYNTHETIC_MARKER).write_text("These files are SYNTHETIC: an older version.\n")
+    write_idx(raw / IDX_FILES[True][1], np.zeros(3, np.uint8))
+    ds = fashion_mnist(source="synthetic", root=tmp_path, verbose=False)
+    assert len(ds.train) == SYNTHETIC_SIZES[True]
+    assert "version" in (raw / SYNTHETIC_MARKER).read_text()
