@@ -255,6 +255,8 @@ FACTS = [
     ("chapters/parameter-server", "ring_vectors_sent", lambda v: 2 * (4 - 1) / 4),
     ("chapters/parameter-server", "ring_vectors_sent_2", lambda v: 2 * (2 - 1) / 2),
     ("chapters/parameter-server", "ring_vectors_sent_16", lambda v: 2 * (16 - 1) / 16),
+    ("chapters/multiple-gpus", "tp_exchanges", lambda v: 2),  # one allreduce per pair of layers
+    ("chapters/multiple-gpus", "column_exchanges", lambda v: 4),  # one all-gather per layer
     ("chapters/performance-model", "add_intensity", lambda v: 1 / 12),
     ("chapters/performance-model", "gelu_flops_per_element", lambda v: 8),
     ("chapters/performance-model", "gelu_eager_bytes_per_element", lambda v: 72),

@@ -24,12 +24,19 @@ def test_multiple_gpus_from_scratch(page_outputs):
     # one step on two devices equals one step on one device, up to rounding
     assert number(values, "step_difference") < 1e-4
     assert "largest difference between the two replicas: 0.0e+00" in text
-    # both runs learned (chance is 0.1) and were timed
+    # both runs learned (chance is 0.1), kept learning after the first epoch, and were timed
     for k in (1, 2):
         assert number(values, f"acc_{k}") > 0.5
+        assert number(values, f"acc_first_{k}") < min(0.99, number(values, f"acc_{k}"))
         assert number(values, f"sec_{k}") > 0
     assert text.count("epoch 1: test accuracy") == 2
     assert figures(nb) >= 2
+    # Megatron-LM's pairs: the split network computes the unsplit one with one allreduce per
+    # pair of layers; the naive split by columns needs an all-gather after every layer
+    assert number(values, "tp_difference") < 1e-5 and number(values, "column_difference") < 1e-5
+    assert number(values, "tp_exchanges") == number(values, "tp_layers") / 2 == 2
+    assert number(values, "column_exchanges") == number(values, "tp_layers") == 4
+    assert "Megatron-LM pairs: 4 layers on 2 devices, 2 exchanges (allreduce of 128, " in text
 
 
 def test_multiple_gpus_concise(page_outputs):
