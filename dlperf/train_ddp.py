@@ -150,7 +150,8 @@ def main(argv=None) -> None:
     optimizer = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9)
 
     if rank == 0:
-        print(f"{world_size} process(es), backend {backend}, each on {dlperf.describe(device)}; "
+        processes = f"{world_size} process" + ("es" if world_size > 1 else "")
+        print(f"{processes}, backend {backend}, each on {dlperf.describe(device)}; "
               f"ResNet-18 width {args.width} ({parameter_count(model):,} parameters); "
               f"global batch {args.batch_size} = {world_size} x {per_process_batch}; "
               f"{len(train_set)} training / {len(test_set)} test images", flush=True)

@@ -76,20 +76,6 @@ def _drop_prefix(v):
             else "far from every cache size the system reports")
 
 
-def _d2l(change):
-    """The verdict on one change of the replay of d2l's two runs (its loss effect against a
-    threshold of twice the effect of the data order alone, at least 0.1)."""
-    def rule(v):
-        threshold = max(0.1, 2 * abs(v["d2l_effect_order"]))
-        effect = v[f"d2l_effect_{change}"]
-        if effect > threshold:
-            return "a higher loss by more than the threshold: slower training"
-        if effect < -threshold:
-            return "a lower loss by more than the threshold: faster training"
-        return "within the threshold: no clear difference"
-    return rule
-
-
 def _pm_roof(key):
     """performance-model: a point at most 25% above its roof counts as under it."""
     return lambda v: ("under the roofline, allowing 25% for noise" if v[f"{key}_share"] <= 125
@@ -156,8 +142,10 @@ CLAIMS = [
     ("chapters/multiple-gpus-concise", "ddp_acc_swing_verdict",
      lambda v: "no larger than" if v["ddp_acc_gap"] <= v["ddp_acc_swing"] else "larger than",
      False),
-    *[("chapters/multiple-gpus-concise", f"d2l_verdict_{change}", _d2l(change), False)
-      for change in ("init", "batch", "steps", "state", "total")],
+    ("chapters/multiple-gpus-concise", "ddp_checksum_verdict",
+     lambda v: ("one and the same checksum, so they hold the very same model, bit for bit"
+                if v["ddp_distinct"] == 1
+                else f"{v['ddp_distinct']} different checksums, so their weights differ"), False),
     ("chapters/performance-model", "ridge_verdict", _pm_ridge, False),
     *[(_PM, f"{key}_roof_verdict", _pm_roof(key), False) for key in _PM_POINTS],
     *[(_PM, f"{key}_side_verdict", _pm_side(f"{key}_point_intensity"), False)
@@ -291,8 +279,7 @@ FACTS += [(_DDP, "zero1_8", lambda v: 2 + 2 + 12 / 8), (_DDP, "zero2_8", lambda 
           (_DDP, "zero3_8", lambda v: 16 / 8)]
 
 # Verdicts glued under names made in a loop, which the source scan below cannot read.
-LOOPED = {("chapters/multiple-gpus-concise", f"d2l_verdict_{change}")
-          for change in ("order", "init", "batch", "steps", "state", "total")}
+LOOPED = set()
 
 
 # Verdicts a page glues for a table or a later sentence rather than quoting whole.

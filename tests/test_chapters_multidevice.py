@@ -46,11 +46,15 @@ def test_multiple_gpus_concise(page_outputs):
     assert "init_resnet on a lazy layer: ValueError" in text
     if not ON_GPU:
         assert "DataParallel uses device_ids []" in text
+        # without GPUs nothing is trained with DataParallel, and the page says so
+        assert "No GPU here, so this cell trained nothing" in text
+        assert "DataParallel, 1 GPU" not in text
         assert "--nproc-per-node=2" in text and "backend gloo" in text
         assert number(values, "ddp_nproc") == 2
-    # DDP trained for real: accuracy well above chance, every rank with the same weights
-    assert number(values, "ddp_acc_first") > 0.5
-    assert number(values, "ddp_acc_last") > 0.5
+    # DDP trained for real: accuracy well above chance (0.1; the synthetic set is hard on
+    # purpose), every rank with the same weights
+    assert number(values, "ddp_acc_first") > 0.3
+    assert number(values, "ddp_acc_last") > 0.3
     assert number(values, "ddp_sec_first") > 0 and number(values, "ddp_sec_last") > 0
     assert number(values, "ddp_distinct") == 1
     assert "all ranks hold bit-identical parameters: True" in text
