@@ -18,10 +18,16 @@ from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Uni
 
 import pandas as pd
 
-# Runtime calls that make the CPU wait for the GPU (the last two only for pageable
-# host memory or when the copy itself synchronizes; both show up as the CPU waiting).
+# Runtime calls that make the CPU wait for the GPU whatever they copy: the three
+# synchronizations, and cudaMemcpy, the synchronous copy.
 SYNC_CALLS = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize",
-              "cudaMemcpy", "cudaMemcpyAsync")
+              "cudaMemcpy")
+# An asynchronous copy makes the CPU wait only in one case: from the device into pageable
+# host memory, it returns once the copy is done (CUDA Runtime API, "API synchronization
+# behavior"). From or into pinned memory (``tensor.pin_memory()``, ``non_blocking=True``)
+# it only queues the copy. Which case a call was, its device-side copy says by its name:
+# "Memcpy DtoH (Device -> Pageable)", found through the ``correlation`` they share.
+COPY_CALLS = ("cudaMemcpyAsync",)
 
 # Categories of events that do not belong on a lane of their own: the profiler's
 # overall window ("Trace") and the arrows linking launches to kernels (flow events).
@@ -39,6 +45,7 @@ class Span:
     dur: float  # µs
     depth: int = 0  # how many spans on the same lane enclose this one
     self_time: float = 0.0  # µs of ``dur`` not spent in spans nested directly inside
+    correlation: Optional[int] = None  # links a runtime call to the kernel or copy it queued
 
     @property
     def end(self) -> float:
@@ -117,8 +124,10 @@ def read_trace(trace: Union[str, Path, Mapping]) -> List[Span]:
             continue
         key = (event.get("pid"), event.get("tid"))
         lane = names.get(key) or f"process {key[0]} · thread {key[1]}"
+        correlation = (event.get("args") or {}).get("correlation")
         spans.append(Span(name=str(event.get("name", "")), cat=str(event.get("cat", "")),
-                          lane=lane, start=float(event["ts"]), dur=float(event.get("dur", 0.0))))
+                          lane=lane, start=float(event["ts"]), dur=float(event.get("dur", 0.0)),
+                          correlation=correlation if isinstance(correlation, int) else None))
     return nest(spans)
 
 
@@ -183,9 +192,27 @@ def counts(spans: Iterable[Span], *, prefix: str = "", leaves_only: bool = False
     return leaves
 
 
-def sync_spans(spans: Iterable[Span], calls: Sequence[str] = SYNC_CALLS) -> List[Span]:
-    """The CUDA runtime calls in which the CPU waited for the GPU (none in a CPU trace)."""
-    return [s for s in spans if s.name in calls]
+def waits_for_copy(call: Span, copies: Mapping[int, Span]) -> bool:
+    """Whether an asynchronous copy call made the CPU wait: its device-side copy (in
+    ``copies``, by correlation id) went from the device into pageable host memory."""
+    copy = copies.get(call.correlation) if call.correlation is not None else None
+    return copy is not None and "DtoH" in copy.name and "Pageable" in copy.name
+
+
+def sync_spans(spans: Iterable[Span], calls: Sequence[str] = SYNC_CALLS,
+               everything: Optional[Iterable[Span]] = None) -> List[Span]:
+    """The CUDA runtime calls in which the CPU waited for the GPU (none in a CPU trace).
+
+    Those named in ``calls`` always wait; a ``cudaMemcpyAsync`` waits only when it copied
+    from the device into pageable host memory (:func:`waits_for_copy`). The device-side
+    copies are looked up in ``everything`` (default: ``spans``), so that a slice of a
+    trace can be checked against the whole of it.
+    """
+    spans = list(spans)
+    copies = {s.correlation: s for s in (spans if everything is None else everything)
+              if s.cat == "gpu_memcpy" and s.correlation is not None}
+    return [s for s in spans if s.name in calls
+            or (s.name in COPY_CALLS and waits_for_copy(s, copies))]
 
 
 def steps(spans: Iterable[Span]) -> List[Span]:

@@ -166,7 +166,7 @@ def _prof_step(v):
     """profiling: compiled against eager training step, fastest runs, 10% either way."""
     s = v["step_speedup"]
     if abs(s - 1) <= 0.10:
-        return "about as fast as the eager step (within 10%)"
+        return "about as fast as the eager step, within 10%"
     return "faster than the eager step" if s > 1 else "slower than the eager step"
 
 

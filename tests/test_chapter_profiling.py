@@ -39,6 +39,18 @@ def test_counts_show_what_the_compiled_step_replaced(page_outputs):
     assert number(values, "compile_s") > 0
 
 
+def test_wrapper_rows_named_in_the_text_are_in_the_printed_table(page_outputs):
+    """The text names only wrapper rows of compiled code that its printed table shows."""
+    nb, text, values = page_outputs(PAGE)
+    compiled_table = text.split("compiled step, 5 profiled steps")[1].split("Self CPU time total")[0]
+    names = values["wrapper_names"]
+    assert isinstance(names, list)
+    for name in names:
+        assert name in compiled_table
+    if "TorchDynamo Cache Lookup" not in compiled_table:
+        assert "TorchDynamo Cache Lookup" not in word(values, "wrapper_rows")
+
+
 def test_trace_is_read_back_faithfully(page_outputs):
     nb, text, values = page_outputs(PAGE)
     assert number(values, "self_gap_pct") <= 1.0  # trace and table agree on self times
@@ -71,5 +83,8 @@ def test_page_runs_on_the_gpu(monkeypatch):
     flagged = set(answer.split(": ", 1)[1].split("; "))
     assert {"v.sum().item()", "torch.nonzero(v > 0)", "v[v > 0]"} <= flagged
     assert "v.sum()" not in flagged  # a reduction's output shape is known: it stays queued
+    assert "host.to(dev, non_blocking=True)" not in flagged  # pinned memory: queued, no wait
     assert int(values["sync_calls_total"]) > 0
+    assert int(values["item_waits"]) > 0  # .item() copies into pageable memory: it waits
+    assert int(values["pinned_copy_waits"]) == 0  # a cudaMemcpyAsync from pinned memory does not
     assert word(values, "sync_verdict").startswith("found ")

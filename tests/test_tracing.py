@@ -109,3 +109,29 @@ def test_reads_a_real_profiler_trace_from_a_file(tmp_path):
     for op in ("aten::mm", "aten::relu"):
         assert table.loc[op, "self (µs)"] == pytest.approx(events[op].self_cpu_time_total, rel=0.01, abs=1)
     assert tracing.sync_spans(spans) == []  # nothing waits for a GPU on the CPU
+
+
+def test_only_copies_into_pageable_memory_count_as_waits():
+    """A cudaMemcpyAsync waits only when it copies from the device into pageable memory;
+    one from pinned memory (non_blocking=True) just queues the copy."""
+    meta = [{"ph": "M", "name": "thread_name", "pid": 7, "tid": 7, "args": {"name": "python"}},
+            {"ph": "M", "name": "thread_name", "pid": 0, "tid": 3, "args": {"name": "stream 3"}}]
+
+    def x(name, cat, pid, tid, ts, dur, correlation):
+        return {"ph": "X", "name": name, "cat": cat, "pid": pid, "tid": tid, "ts": ts,
+                "dur": dur, "args": {"correlation": correlation}}
+
+    events = [x("cudaMemcpyAsync", "cuda_runtime", 7, 7, 10.0, 2.0, 1),  # pinned -> device
+              x("Memcpy HtoD (Pinned -> Device)", "gpu_memcpy", 0, 3, 40.0, 5.0, 1),
+              x("cudaMemcpyAsync", "cuda_runtime", 7, 7, 20.0, 60.0, 2),  # device -> pageable
+              x("Memcpy DtoH (Device -> Pageable)", "gpu_memcpy", 0, 3, 75.0, 4.0, 2),
+              x("cudaMemcpyAsync", "cuda_runtime", 7, 7, 90.0, 2.0, 3),  # device -> pinned
+              x("Memcpy DtoH (Device -> Pinned)", "gpu_memcpy", 0, 3, 95.0, 4.0, 3),
+              x("cudaStreamSynchronize", "cuda_runtime", 7, 7, 93.0, 8.0, 4)]
+    spans = tracing.read_trace({"traceEvents": meta + events})
+    waits = tracing.sync_spans(spans)
+    assert [(s.name, s.correlation) for s in waits] == [("cudaMemcpyAsync", 2),
+                                                       ("cudaStreamSynchronize", 4)]
+    on_cpu = [s for s in spans if s.cat == "cuda_runtime"]  # a slice without the GPU's copies
+    assert len(tracing.sync_spans(on_cpu, everything=spans)) == 2
+    assert [s.name for s in tracing.sync_spans(on_cpu)] == ["cudaStreamSynchronize"]
