@@ -7,8 +7,8 @@ Two kinds of number live in this course and must never be mixed up:
 * *measured* numbers, which the pages produce on the machine they run on.
 
 ``peak_flops(device, dtype)`` returns the datasheet peak of a GPU that is in
-``GPU_SPECS``, a labelled nominal estimate for an x86 CPU, or ``None`` with the
-reason, never a guess presented as a fact.
+``GPU_SPECS``, a peak derived from an x86 CPU's flags, clock and cores (with the
+assumption it rests on), or ``None`` with the reason, never a guess presented as a fact.
 """
 from __future__ import annotations
 
@@ -177,54 +177,61 @@ def gpu_spec(device_name: str) -> Optional[GpuSpec]:
     return None
 
 
-# --- CPUs: a nominal estimate, labelled as one --------------------------------------------
+# --- CPUs: a peak derived from what the CPU reports -----------------------------------------
 
 CPUFREQ = Path("/sys/devices/system/cpu/cpu0/cpufreq")
+CPU_SYSFS = Path("/sys/devices/system/cpu")
 
 
 @dataclass(frozen=True)
-class CpuPeakEstimate:
-    """cores x clock x FLOP per cycle, with the assumptions that produced each factor.
+class VectorUnits:
+    """The widest float32 vector arithmetic a core offers, from its instruction-set flags.
 
-    ``clock`` says where ``ghz`` comes from: the highest clock Linux lists for the
-    core (cpufreq), or else the clock ``/proc/cpuinfo`` reports, which in a virtual
-    machine is usually the nominal (base) clock. Cores run faster than the base
-    clock for a while (turbo), so a measured rate can exceed an estimate built on it.
+    ``lanes`` float32 numbers per vector, ``units`` vector units per core that each
+    finish one fused multiply-add (2 FLOPs) per lane and cycle (for CPUs without
+    FMA: one add unit and one multiply unit together, also 2 FLOPs per lane).
+    The flags name the instruction set, not the number of units: that is the
+    assumption, stated in ``assumption``.
     """
-    cores: int
-    ghz: float
-    flop_per_cycle: int
+    isa: str
+    flag: str  # the /proc/cpuinfo flag it is read from
+    lanes: int
+    units: int
     assumption: str
-    clock: str = "clock /proc/cpuinfo reports"
 
     @property
-    def gflops(self) -> float:
-        return self.cores * self.ghz * self.flop_per_cycle
-
-    def describe(self) -> str:
-        return (f"nominal estimate {self.gflops:.0f} GFLOP/s = {self.cores} core{'s' if self.cores != 1 else ''} x "
-                f"{self.ghz:.2f} GHz ({self.clock}) x {self.flop_per_cycle} FP32 FLOP/cycle "
-                f"({self.assumption})")
+    def flop_per_cycle(self) -> int:
+        return self.lanes * self.units * 2
 
 
-def _cpuinfo_field(text: str, key: str) -> Optional[str]:
-    match = re.search(rf"^{re.escape(key)}\s*:\s*(.*)$", text, flags=re.M)
-    return match.group(1).strip() if match else None
+def fp32_vector_units(flags: set, vendor: str = "", family: Optional[int] = None) -> Optional[VectorUnits]:
+    """Lanes and vector units per core of the widest instruction set in ``flags``, or None."""
+    if "avx512f" in flags:
+        if vendor == "AuthenticAMD" and family is not None and family <= 25:
+            return VectorUnits("AVX-512", "avx512f", 16, 1,
+                               "AMD Zen 4 splits a 512-bit FMA over its two 256-bit pipes: "
+                               "one 512-bit FMA per cycle")
+        return VectorUnits("AVX-512", "avx512f", 16, 2,
+                           "two 512-bit FMA units, as Xeon Scalable processors from Skylake on "
+                           "have; some models have one")
+    if "avx2" in flags and "fma" in flags:
+        return VectorUnits("AVX2 + FMA", "avx2, fma", 8, 2, "two 256-bit FMA units, as every "
+                           "Intel core since Haswell and AMD Zen 2 and later have")
+    if "avx" in flags:
+        return VectorUnits("AVX", "avx", 8, 1, "no FMA: one 8-lane add and one 8-lane multiply "
+                           "per cycle")
+    if "sse2" in flags:
+        return VectorUnits("SSE2", "sse2", 4, 1, "one 4-lane add and one 4-lane multiply per cycle")
+    return None
 
 
 def fp32_flop_per_cycle(flags: set, vendor: str = "", family: Optional[int] = None):
     """FP32 FLOP per cycle and core from the instruction-set flags, with the assumption made."""
-    if "avx512f" in flags:
-        if vendor == "AuthenticAMD" and family is not None and family <= 25:
-            return 32, "AVX-512 on AMD Zen 4 runs on two 256-bit FMA pipes: 2 x 8 lanes x 2"
-        return 64, "AVX-512, assuming two 512-bit FMA units: 2 x 16 lanes x 2 (some CPUs have one)"
-    if "avx2" in flags and "fma" in flags:
-        return 32, "AVX2 + FMA, assuming two 256-bit FMA units: 2 x 8 lanes x 2"
-    if "avx" in flags:
-        return 16, "AVX without FMA: one 8-lane add and one 8-lane multiply per cycle"
-    if "sse2" in flags:
-        return 8, "SSE: one 4-lane add and one 4-lane multiply per cycle"
-    return 0, "no known vector instruction set"
+    units = fp32_vector_units(flags, vendor, family)
+    if units is None:
+        return 0, "no known vector instruction set"
+    return units.flop_per_cycle, (f"{units.isa}, assuming {units.assumption}: "
+                                  f"{units.units} x {units.lanes} lanes x 2")
 
 
 def max_clock_ghz(cpufreq: Path = CPUFREQ) -> Optional[float]:
@@ -236,15 +243,88 @@ def max_clock_ghz(cpufreq: Path = CPUFREQ) -> Optional[float]:
     return khz / 1e6 if khz > 0 else None
 
 
+def physical_cores_available(sysfs: Path = CPU_SYSFS, cpus=None) -> int:
+    """Physical cores this process may run on: its CPUs (``os.sched_getaffinity``), with
+    hyper-threads of one core counted once (sysfs ``topology/core_id``)."""
+    if cpus is None:
+        try:
+            cpus = os.sched_getaffinity(0)
+        except AttributeError:  # not on Linux
+            cpus = range(os.cpu_count() or 1)
+    cores = set()
+    for cpu in cpus:
+        topology = sysfs / f"cpu{cpu}" / "topology"
+        try:
+            cores.add(((topology / "physical_package_id").read_text().strip(),
+                       (topology / "core_id").read_text().strip()))
+        except OSError:
+            cores.add(("cpu", str(cpu)))  # no topology: count each CPU as a core
+    return max(1, len(cores))
+
+
+@dataclass(frozen=True)
+class CpuPeakEstimate:
+    """The float32 peak of ``cores`` cores: lanes x units x 2 FLOPs x clock x cores.
+
+    ``clock`` says where ``ghz`` comes from: the highest clock Linux lists for the
+    core (cpufreq; then this is a peak, if the assumed units are right), or else the
+    clock ``/proc/cpuinfo`` reports, which in a virtual machine is usually the base
+    clock. Cores run faster than the base clock for a while (turbo), so a measured
+    rate can exceed a peak derived from it; ``clock_is_max`` tells the two apart.
+    """
+    cores: int
+    ghz: float
+    flop_per_cycle: int
+    assumption: str
+    clock: str = "clock /proc/cpuinfo reports"
+    lanes: int = 0
+    units: int = 0
+    isa: str = ""
+    clock_is_max: bool = False
+
+    @property
+    def gflops(self) -> float:
+        return self.cores * self.ghz * self.flop_per_cycle
+
+    def implied_ghz(self, gflops: float) -> float:
+        """The clock ``gflops`` needs on these cores at this FLOP per cycle."""
+        return gflops / (self.cores * self.flop_per_cycle)
+
+    def derivation(self) -> List[tuple]:
+        """The factors of the peak: (factor, value, where it comes from)."""
+        cores = f"{self.cores} core{'s' if self.cores != 1 else ''}"
+        units = f"{self.units} unit{'s' if self.units != 1 else ''}"
+        return [
+            ("float32 lanes per vector", f"{self.lanes}", f"{self.isa}, from the CPU's flags"),
+            ("vector FMA units per core", units, f"assumed: {self.assumption}"),
+            ("FLOPs per lane and FMA", "2", "a multiply and an add"),
+            ("clock", f"{self.ghz:.2f} GHz", self.clock),
+            ("cores", cores, "the threads PyTorch uses, at most the physical cores available"),
+            ("peak", f"{self.gflops:,.1f} GFLOP/s", "the product of the factors above"),
+        ]
+
+    def describe(self) -> str:
+        return (f"derived peak {self.gflops:.0f} GFLOP/s = {self.lanes} lanes x {self.units} FMA "
+                f"unit{'s' if self.units != 1 else ''} x 2 FLOPs x {self.ghz:.2f} GHz, the "
+                f"{self.clock} x {self.cores} core{'s' if self.cores != 1 else ''}; "
+                f"{self.isa}, assuming {self.assumption}")
+
+
+def _cpuinfo_field(text: str, key: str) -> Optional[str]:
+    match = re.search(rf"^{re.escape(key)}\s*:\s*(.*)$", text, flags=re.M)
+    return match.group(1).strip() if match else None
+
+
 def cpu_peak_estimate(cpuinfo: Optional[str] = None, cores: Optional[int] = None,
                       cpufreq: Optional[Path] = None) -> Optional[CpuPeakEstimate]:
-    """A nominal FP32 peak of the cores PyTorch uses, or None where /proc/cpuinfo cannot tell.
+    """The float32 peak of the cores PyTorch uses, derived from what the CPU reports, or
+    None where /proc/cpuinfo cannot tell.
 
-    It is an estimate, not a datasheet number. The clock is the highest one
-    cpufreq lists (read from ``cpufreq``; by default from sysfs when ``cpuinfo``
-    is not given), else the one /proc/cpuinfo reports, often the base clock,
-    which cores exceed while they boost; cores slow down when hot, and the number
-    of vector units per core differs between CPUs with the same flags.
+    lanes (the widest vector flag) x vector units (assumed, see ``fp32_vector_units``)
+    x 2 FLOPs x clock x cores. The clock is the highest one cpufreq lists (read from
+    ``cpufreq``; by default from sysfs when ``cpuinfo`` is not given), else the one
+    /proc/cpuinfo reports, often the base clock, which cores exceed while they boost.
+    The cores are PyTorch's threads, at most the physical cores this process may use.
     """
     if cpuinfo is None:
         try:
@@ -259,25 +339,28 @@ def cpu_peak_estimate(cpuinfo: Optional[str] = None, cores: Optional[int] = None
         return None
     vendor = _cpuinfo_field(cpuinfo, "vendor_id") or ""
     family = _cpuinfo_field(cpuinfo, "cpu family")
-    per_cycle, assumption = fp32_flop_per_cycle(
-        set(flags.split()), vendor, int(family) if family and family.isdigit() else None)
-    if per_cycle == 0:
+    units = fp32_vector_units(set(flags.split()), vendor,
+                              int(family) if family and family.isdigit() else None)
+    if units is None:
         return None
     if cores is None:
-        cores = min(torch.get_num_threads(), os.cpu_count() or 1)
+        cores = min(torch.get_num_threads(), physical_cores_available())
+    per_cycle, assumption = units.flop_per_cycle, units.assumption
+    shape = dict(lanes=units.lanes, units=units.units, isa=units.isa)
     listed = max_clock_ghz(cpufreq) if cpufreq is not None else None
     if listed is not None:
         return CpuPeakEstimate(cores, listed, per_cycle, assumption,
-                               "highest clock cpufreq lists for the core")
+                               "highest clock cpufreq lists for the core", clock_is_max=True, **shape)
     return CpuPeakEstimate(cores, float(mhz) / 1e3, per_cycle, assumption,
-                           "clock /proc/cpuinfo reports, often the base clock; turbo can exceed it")
+                           "clock /proc/cpuinfo reports, often the base clock; turbo can exceed it",
+                           **shape)
 
 
 @dataclass(frozen=True)
 class Peak:
     """A peak FLOP/s for a device and dtype: its value (None if unknown), kind and provenance."""
     tflops: Optional[float]
-    kind: str  # 'datasheet', 'estimate' or 'unknown'
+    kind: str  # 'datasheet', 'derived' (a CPU's, from its flags and clock) or 'unknown'
     explanation: str
 
 
@@ -306,7 +389,7 @@ def peak_flops(dev, dtype: torch.dtype = torch.float32) -> Peak:
         estimate = cpu_peak_estimate()
         if estimate is None:
             return Peak(None, "unknown", "this CPU does not report its clock and vector units")
-        return Peak(estimate.gflops / 1e3, "estimate", estimate.describe())
+        return Peak(estimate.gflops / 1e3, "derived", estimate.describe())
     return Peak(None, "unknown", f"no peak known for {dtype} on {dev.type}")
 
 

@@ -56,14 +56,26 @@ def _lanes(v):
 
 
 def _peak(v):
-    share = v["peak_share"]
-    if math.isnan(share):
+    """hardware: the best float32 rate against its peak; above a derived peak, the page says
+    which assumption of the derivation failed (for a clock /proc/cpuinfo reports, the clock)."""
+    share, basis = v["peak_share"], v["peak_basis"]
+    if basis == "none":
         return "cannot be compared with a peak, because none is known for this device"
-    if share > 100:
-        return "exceeded the float32 peak above, so that peak is too low for this machine"
-    if share >= 70:
-        return "came within 30% of the float32 peak above"
-    return "stayed more than 30% below the float32 peak above"
+    if share <= 100:
+        return ("came within 30% of the float32 peak above" if share >= 70
+                else "stayed more than 30% below the float32 peak above")
+    if basis == "datasheet":
+        return ("exceeded the datasheet peak above, which plain float32 arithmetic cannot do: "
+                "the product did not run in plain float32, or the datasheet entry does not "
+                "describe this GPU")
+    if basis == "reported clock":
+        return (f"exceeded the derived peak above, so the derivation's clock was too low: at "
+                f"{v['flop_per_cycle']:.0f} FLOP per cycle that rate needs {v['implied_ghz']:.2f} "
+                f"GHz or more, above the {v['peak_ghz']:.2f} GHz that /proc/cpuinfo reports, so "
+                f"the core ran faster than that clock, as a core does while it boosts")
+    return (f"exceeded the derived peak above, so one of the derivation's assumptions failed: at "
+            f"the highest listed clock of {v['peak_ghz']:.2f} GHz that rate needs more than the "
+            f"{v['flop_per_cycle']:.0f} FLOP per cycle assumed")
 
 
 def _drop_prefix(v):
@@ -243,6 +255,10 @@ FACTS = [
     ("chapters/parameter-server", "ring_vectors_sent", lambda v: 2 * (4 - 1) / 4),
     ("chapters/parameter-server", "ring_vectors_sent_2", lambda v: 2 * (2 - 1) / 2),
     ("chapters/parameter-server", "ring_vectors_sent_16", lambda v: 2 * (16 - 1) / 16),
+    # one aggregating worker against a ring on full-duplex links: (n-1)m/B over 2(n-1)m/(nB)
+    ("chapters/parameter-server", "one_over_ring_2", lambda v: 2 / 2),
+    ("chapters/parameter-server", "one_over_ring_4", lambda v: 4 / 2),
+    ("chapters/parameter-server", "one_over_ring_16", lambda v: 16 / 2),
     ("chapters/multiple-gpus", "tp_exchanges", lambda v: 2),  # one allreduce per pair of layers
     ("chapters/multiple-gpus", "column_exchanges", lambda v: 4),  # one all-gather per layer
     ("chapters/performance-model", "add_intensity", lambda v: 1 / 12),
@@ -250,6 +266,9 @@ FACTS = [
     ("chapters/performance-model", "gelu_eager_bytes_per_element", lambda v: 72),
     ("chapters/performance-model", "gelu_fused_bytes_per_element", lambda v: 8),
     ("chapters/performance-model", "h100_bf16_ridge", lambda v: 989.5 / 3.35),
+    # NVLink 4 against PCIe 5.0 x16, one direction each: about seven times, not ten.
+    ("chapters/hardware", "nvlink_pcie_ratio", lambda v: 450 / 63),
+    ("chapters/hardware", "hbm_pcie_ratio", lambda v: 4800 / 63),
 ]
 
 FACTS += [(_MP, name, lambda v, b=b: b) for name, b in [
@@ -316,7 +335,11 @@ def test_the_rules_catch_a_verdict_that_disagrees():
     assert _gelu({"gelu_speedup": 5.11}) == "faster"
     assert _gelu({"gelu_speedup": 1.02}) != "faster"  # the kind of claim the review caught
     assert _logging({"logging_ratio": 1.16}) != "took about the same time"
-    assert _peak({"peak_share": 116.0}).startswith("exceeded")
+    derived = {"peak_basis": "reported clock", "peak_ghz": 2.6, "flop_per_cycle": 64.0}
+    assert _peak({**derived, "peak_share": 123.0, "implied_ghz": 3.2}).startswith("exceeded")
+    assert "2.60 GHz that /proc/cpuinfo reports" in _peak({**derived, "peak_share": 123.0,
+                                                           "implied_ghz": 3.2})
+    assert _peak({**derived, "peak_share": 80.0}).startswith("came within")
 
 
 def test_every_verdict_a_page_glues_is_checked():

@@ -77,6 +77,18 @@ def test_hardware_keeps_quoted_and_measured_numbers_apart(page_outputs):
     assert figures(nb) >= 5
     assert "peak" in values["flops_summary"]
     assert number(values, "stride_ratio") > 0 and number(values, "cache_ratio") > 0
+    # NVLink against PCIe is computed from the quoted rates, one direction each: about seven
+    # times, which the page must not call an order of magnitude.
+    assert 5 < number(values, "nvlink_pcie_ratio") < 10
+    assert "order of magnitude faster" not in text
+    # The CPU's peak is derived on the page, factor by factor; a rate above it names the clock
+    # it needs (the assumption that failed) instead of standing as a share above 100%.
+    basis = values["peak_basis"].strip("'\"")
+    if basis in {"reported clock", "max clock"}:
+        assert "float32 lanes per vector" in text and "vector FMA units per core" in text
+    if number(values, "peak_share") > 100 and basis == "reported clock":
+        assert number(values, "implied_ghz") > number(values, "peak_ghz")
+        assert "GHz or more" in values["peak_verdict"]
 
 
 # --- on a GPU ------------------------------------------------------------------------------

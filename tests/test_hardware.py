@@ -1,4 +1,6 @@
 """dlperf.hardware: quoted numbers keep their sources, peaks are looked up or honestly unknown."""
+import os
+
 import pytest
 import torch
 
@@ -86,7 +88,13 @@ def test_cpu_estimate_multiplies_cores_clock_and_flop_per_cycle():
     assert intel.gflops == pytest.approx(4 * 2.0 * 64)
     amd = hardware.cpu_peak_estimate(AMD_ZEN4, cores=1)
     assert amd.gflops == pytest.approx(2.596142 * 32)
-    assert "estimate" in amd.describe() and "1 core x" in amd.describe()
+    assert "derived peak" in amd.describe() and "x 1 core;" in amd.describe()
+    factors = dict((name, value) for name, value, _ in intel.derivation())
+    assert factors["float32 lanes per vector"] == "16" and factors["vector FMA units per core"] == "2 units"
+    assert factors["peak"] == "512.0 GFLOP/s"
+    # A measured rate above the peak says which clock it needs at the derived FLOP per cycle.
+    assert intel.implied_ghz(1.25 * intel.gflops) == pytest.approx(1.25 * 2.0)
+    assert not intel.clock_is_max
 
 
 def test_cpu_estimate_is_none_when_the_cpu_does_not_say():
@@ -96,7 +104,7 @@ def test_cpu_estimate_is_none_when_the_cpu_does_not_say():
 
 def test_peak_on_the_cpu_is_an_estimate_or_unknown_never_a_datasheet():
     peak = hardware.peak_flops("cpu", torch.float32)
-    assert peak.kind in {"estimate", "unknown"}
+    assert peak.kind in {"derived", "unknown"}
     assert (peak.tflops is None) == (peak.kind == "unknown")
     assert peak.explanation
     other = hardware.peak_flops("cpu", torch.bfloat16)
@@ -155,7 +163,28 @@ def test_cpu_estimate_uses_the_highest_listed_clock_when_cpufreq_has_one(tmp_pat
     assert hardware.max_clock_ghz(tmp_path / "missing") is None
     nominal = hardware.cpu_peak_estimate(AMD_ZEN4, cores=2, cpufreq=tmp_path / "missing")
     assert nominal.ghz == pytest.approx(2.596142)
-    assert "nominal estimate" in nominal.describe() and "turbo" in nominal.describe()
+    assert "derived peak" in nominal.describe() and "turbo" in nominal.describe()
+    assert listed.clock_is_max and not nominal.clock_is_max
+
+
+def test_vector_units_multiply_to_the_flop_per_cycle():
+    intel = hardware.fp32_vector_units({"avx512f", "avx2", "fma"}, "GenuineIntel", 6)
+    assert (intel.lanes, intel.units, intel.flop_per_cycle) == (16, 2, 64)
+    zen4 = hardware.fp32_vector_units({"avx512f", "avx2", "fma"}, "AuthenticAMD", 25)
+    assert (zen4.lanes, zen4.units) == (16, 1)
+    assert hardware.fp32_vector_units({"neon"}) is None
+
+
+def test_physical_cores_count_hyperthreads_once(tmp_path):
+    for cpu, core in [(0, 0), (1, 1), (2, 0), (3, 1)]:  # two cores, two threads each
+        folder = tmp_path / f"cpu{cpu}" / "topology"
+        folder.mkdir(parents=True)
+        (folder / "physical_package_id").write_text("0\n")
+        (folder / "core_id").write_text(f"{core}\n")
+    assert hardware.physical_cores_available(tmp_path, cpus={0, 1, 2, 3}) == 2
+    assert hardware.physical_cores_available(tmp_path, cpus={0}) == 1
+    assert hardware.physical_cores_available(tmp_path / "none", cpus={0, 1, 2}) == 3
+    assert 1 <= hardware.physical_cores_available() <= (os.cpu_count() or 1)
 
 
 def test_memory_bytes_of_the_host_is_positive_or_unknown():
