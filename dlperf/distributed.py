@@ -23,6 +23,7 @@ import socket
 import statistics
 import time
 import traceback
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Callable, Dict, List, Optional, Sequence
 
@@ -118,6 +119,25 @@ def _worker_entry(rank: int, fn: Callable, world_size: int, port: int, backend: 
     results.put((rank, pickle.dumps(result)))
 
 
+@contextmanager
+def quiet_cpp_log(level: str = "ERROR"):
+    """Start processes with PyTorch's C++ log at ``level`` (``TORCH_CPP_LOG_LEVEL``).
+
+    The C++ side of PyTorch reads the variable once, when a process imports torch, so it
+    must be in the environment the workers (and the fork server that forks them) start
+    from. Process groups log notices there, on stderr, that say nothing about the
+    results (gloo, for instance, which address it fell back to); errors still show. A
+    value already set by the user wins; this process's own environment is restored after.
+    """
+    previous = os.environ.get("TORCH_CPP_LOG_LEVEL")
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", level)
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop("TORCH_CPP_LOG_LEVEL", None)
+
+
 def run_workers(fn: Callable, world_size: int, args: Sequence = (), *,
                 backend: Optional[str] = "gloo", timeout: float = 120.0,
                 threads: Optional[int] = None) -> List[object]:
@@ -139,9 +159,11 @@ def run_workers(fn: Callable, world_size: int, args: Sequence = (), *,
     context = mp.get_context(method)
     results = context.Queue()
     port = free_port()
-    processes = mp.start_processes(
-        _worker_entry, args=(fn, world_size, port, backend, tuple(args), results, timeout, threads),
-        nprocs=world_size, join=False, start_method=method)
+    with quiet_cpp_log():
+        processes = mp.start_processes(
+            _worker_entry, args=(fn, world_size, port, backend, tuple(args), results, timeout,
+                                 threads),
+            nprocs=world_size, join=False, start_method=method)
     collected: Dict[int, object] = {}
     deadline = time.monotonic() + timeout
 

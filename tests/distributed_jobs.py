@@ -7,6 +7,7 @@ server and spawn hand on.
 """
 from __future__ import annotations
 
+import os
 import time
 from typing import Sequence
 
@@ -58,3 +59,8 @@ def fail_job(rank: int, world_size: int) -> None:
 
 def sleep_job(rank: int, world_size: int, seconds: float) -> None:
     time.sleep(seconds)
+
+
+def cpp_log_level(rank, world_size):
+    """The C++ log level the worker was started with."""
+    return os.environ.get("TORCH_CPP_LOG_LEVEL")

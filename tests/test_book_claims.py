@@ -95,10 +95,29 @@ def _pm_roof(key):
 
 
 def _pm_side(intensity):
-    """performance-model: the side of the measured ridge point (with the bandwidth of the
-    streaming kernels timed alongside) that a counted intensity lies on."""
-    return lambda v: ("left of the ridge, memory-bound" if v[intensity] < v["roof_ridge"]
+    """performance-model: the side of the page's one measured ridge point (triad bandwidth,
+    large product) that a counted intensity lies on."""
+    return lambda v: ("left of the ridge, memory-bound" if v[intensity] < v["ridge"]
                       else "right of the ridge, compute-bound")
+
+
+def _pm_product_side(intensity):
+    """performance-model: products are placed by intensity only; whether memory binds the small
+    one is said by small_cache_verdict, from where its data lives."""
+    return lambda v: "left of the ridge" if v[intensity] < v["ridge"] else "right of the ridge"
+
+
+def _pm_small_cache(v):
+    """performance-model: the smallest product's operands and result against the smallest cache
+    the system reports that holds them (NaN where none does)."""
+    if v["small_cache_name"] == "none":
+        return "cannot be compared with a cache, because the system reports none"
+    if not math.isnan(v["small_cache_kib"]) and v["small_kib"] <= v["small_cache_kib"]:
+        return (f"fit in the {v['small_cache_name']} cache the system reports, "
+                f"{v['small_cache_kib']:,.0f} KiB, so they stay in that cache from call to call "
+                f"and the DRAM roof does not bind it")
+    return ("are larger than every cache the system reports, so they come from memory and the "
+            "DRAM roof binds it")
 
 
 def _pm_ridge(v):
@@ -107,7 +126,7 @@ def _pm_ridge(v):
         return ("cannot be compared with a datasheet ridge point, because there is no "
                 "datasheet entry for this device")
     if 0.75 <= r <= 1.25:
-        return "was close to the datasheet's (within 25%)"
+        return "was close to the datasheet's, within 25%"
     return ("was more than 25% below the datasheet's" if r < 0.75
             else "was more than 25% above the datasheet's")
 
@@ -165,8 +184,9 @@ CLAIMS = [
     (_PM, "matmul_roof_verdict",
      lambda v: ("all under the roofline, allowing 25% for noise" if v["matmul_max_share"] <= 125
                 else "not all under the roofline: at least one is more than 25% above it"), False),
-    (_PM, "small_side_verdict", _pm_side("small_intensity"), False),
-    (_PM, "large_side_verdict", _pm_side("large_intensity"), False),
+    (_PM, "small_side_verdict", _pm_product_side("small_intensity"), False),
+    (_PM, "large_side_verdict", _pm_product_side("large_intensity"), False),
+    (_PM, "small_cache_verdict", _pm_small_cache, False),
     (_PM, "gelu_bound_verdict", _pm_gelu_bound, False),
     (_PM, "timer_verdict",
      lambda v: "agree within 20%" if abs(v["timer_ratio"] - 1) <= 0.20 else "differ by more than 20%",

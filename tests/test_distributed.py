@@ -218,3 +218,17 @@ def test_ddp_script_training_step_does_not_wait_for_the_device():
         pin = {kw.arg: kw.value for kw in call.keywords}.get("pin_memory")
         assert pin is not None, "a DataLoader without pin_memory"
     assert "pin = device.type == 'cuda'" in ast.unparse(main)  # pinned exactly on a GPU
+
+
+def test_workers_start_with_the_cpp_log_quiet(monkeypatch):
+    """Process groups' C++ notices (gloo's '[W... ProcessGroupGloo...]' lines) stay off stderr:
+    the workers start with TORCH_CPP_LOG_LEVEL=ERROR unless the user chose a level; this
+    process's environment is left as it was."""
+    monkeypatch.delenv("TORCH_CPP_LOG_LEVEL", raising=False)
+    assert D.run_workers(jobs.cpp_log_level, 2, backend=None) == ["ERROR", "ERROR"]
+    assert "TORCH_CPP_LOG_LEVEL" not in os.environ
+    with D.quiet_cpp_log():
+        assert os.environ["TORCH_CPP_LOG_LEVEL"] == "ERROR"
+    monkeypatch.setenv("TORCH_CPP_LOG_LEVEL", "INFO")
+    with D.quiet_cpp_log():
+        assert os.environ["TORCH_CPP_LOG_LEVEL"] == "INFO"
