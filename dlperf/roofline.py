@@ -66,9 +66,12 @@ def elementwise_cost(n: int, *, inputs: int, outputs: int = 1, flops_per_element
                      itemsize: int = 4) -> Cost:
     """An element-wise kernel over ``n`` elements that reads every input and writes every
     output exactly once (the least any implementation can move)."""
+    def count(number, noun):
+        return f"{number} {noun}{'s' if number != 1 else ''}"
+
     return Cost(flops_per_element * n, (inputs + outputs) * n * itemsize,
-                f"{inputs} input(s) read and {outputs} output(s) written once, "
-                f"{flops_per_element} FLOP per element")
+                f"{count(inputs, 'input')} read and {count(outputs, 'output')} written once, "
+                f"{count(flops_per_element, 'FLOP')} per element")
 
 
 def matmul_cost(n: int, m: Optional[int] = None, k: Optional[int] = None,
@@ -191,6 +194,17 @@ def streaming_rates(device, numel: int, repeat: int = 5, dtype=torch.float32) ->
                 best[name] = min(best[name], seconds)
     size = a.numel() * a.element_size()
     return {name: tensors * size / best[name] for name, (_, tensors) in kernels.items()}
+
+
+def triad_bandwidth(device, numel: int, repeat: int = 5, dtype=torch.float32) -> float:
+    """Memory bandwidth in bytes/s from STREAM's *triad*, ``a = b + s * c`` over tensors of
+    ``numel`` elements: three tensors' bytes (two read, one written) over the fastest call.
+    Take ``numel`` large enough that the tensors do not fit in the caches."""
+    a = torch.empty(numel, device=device, dtype=dtype)
+    b = torch.ones_like(a)
+    c = torch.ones_like(a)
+    seconds = fastest(lambda: torch.add(b, c, alpha=3.0, out=a), device, repeat)
+    return 3 * a.numel() * a.element_size() / seconds
 
 
 def measure_matmul_flops(device, n: int, repeat: int = 5, dtype=torch.float32) -> float:

@@ -35,11 +35,20 @@ def check_page(nb, values):
     assert bandwidth > 0 and peak > 0
     scale = 1e12 if values["unit_name"].strip("'") == "TFLOP/s" else 1e9
     assert number(values, "ridge") == pytest.approx(peak * scale / (bandwidth * 1e9), rel=1e-6)
-    assert number(values, "roof_bandwidth_gbs") > 0
+    # One roofline for the whole page, its ceilings measured by kernels it does not plot: the
+    # triad for the bandwidth, a product larger than every plotted one for the compute peak.
+    assert "roof_bandwidth_gbs" not in values and "roof_ridge" not in values
+    assert number(values, "peak_n") > number(values, "large_n")
+    assert "triad" in text
     # Every point is placed, on the side of the ridge its intensity says.
     for key in ["add", "add_new", "tanh", "gelu_eager", "gelu_compiled"]:
         assert number(values, f"{key}_share") > 0
-        assert number(values, f"{key}_point_intensity") < number(values, "roof_ridge")
+        assert number(values, f"{key}_point_intensity") < number(values, "ridge")
+    # The smallest product's few KiB live in a cache: the page must not call it memory-bound.
+    assert number(values, "small_kib") == pytest.approx(3 * 4 * number(values, "small_n") ** 2 / 2**10)
+    assert "memory-bound" not in values["small_side_verdict"]
+    if values["small_cache_name"].strip("'") not in {"none", "too small"}:
+        assert "does not bind" in values["small_cache_verdict"]
     assert number(values, "gelu_compiled_point_intensity") == pytest.approx(
         9 * number(values, "gelu_eager_point_intensity"))
     assert number(values, "large_intensity") > number(values, "small_intensity")
@@ -55,7 +64,7 @@ def test_page_counts_measures_and_places_operations(executed_page):
     values = glued(nb, PAGE)
     text = check_page(nb, values)
     if not torch.cuda.is_available():  # the book is built on this machine
-        assert "CUDA events are GPU-only" in values["timed_with"]
+        assert "CUDA events exist only on a GPU" in values["timed_with"]
         assert "no datasheet ridge: a CPU" in text
         assert math.isnan(number(values, "ridge_ratio"))
 
@@ -80,3 +89,29 @@ def test_page_runs_on_the_gpu(monkeypatch):
         assert number(values, "bandwidth_gbs") > 0.5 * spec.bandwidth_gbs
     # Fusion pays on a GPU: the compiled GELU is faster than the eager one.
     assert number(values, "gelu_speedup") > 1
+    assert "with the start event queued behind a product" in text
+
+
+@pytest.mark.gpu
+def test_cuda_events_include_the_launch_only_when_the_gpu_is_idle():
+    """The page's claim: a start event recorded on an idle GPU is stamped at once, so the interval
+    holds the launch of a tiny kernel; recorded behind queued work, it holds the kernel alone."""
+    import statistics
+
+    x, out = torch.randn(2**14, device="cuda"), torch.empty(2**14, device="cuda")
+    m = torch.randn(4096, 4096, device="cuda")
+
+    def interval(before):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        before()
+        start.record()
+        torch.add(x, x, out=out)
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end)
+
+    for _ in range(5):
+        interval(lambda: m @ m)
+    busy = statistics.median(interval(lambda: m @ m) for _ in range(50))
+    idle = statistics.median(interval(torch.cuda.synchronize) for _ in range(50))
+    assert idle > busy

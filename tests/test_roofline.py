@@ -99,6 +99,13 @@ def test_measurements_on_the_cpu_are_positive_and_sane():
     assert roofline.fastest(lambda: None, "cpu", repeat=3) >= 0
     rates = roofline.streaming_rates("cpu", 2**16, repeat=2)
     assert set(rates) == {"copy", "add"} and all(1e7 < r < 1e13 for r in rates.values())
+    assert 1e7 < roofline.triad_bandwidth("cpu", 2**16, repeat=2) < 1e13
+
+
+def test_elementwise_cost_says_how_it_counted_in_plain_words():
+    assert roofline.elementwise_cost(8, inputs=2).how == (
+        "2 inputs read and 1 output written once, 1 FLOP per element")
+    assert "(" not in roofline.elementwise_cost(8, inputs=1, flops_per_element=3).how
 
 
 def test_plot_roofline_draws_roof_points_and_curves():
