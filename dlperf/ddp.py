@@ -27,7 +27,7 @@ from torch import nn
 
 from .accelerators import synchronize
 from .intervals import intersection, subtract, total, union  # noqa: F401 (the chapter's ddp.union)
-from .memory import optimizer_state_bytes, tensor_bytes
+from .memory import AllocationPeak, optimizer_state_bytes, tensor_bytes
 
 MIB = 1024 * 1024
 DEFAULT_BUCKET_CAP_MB = 25  # DDP's default, in MiB (the argument says MB, it means 2**20 bytes)
@@ -200,6 +200,101 @@ def zero_traffic_per_parameter(n: int) -> Dict[str, float]:
     """
     half = (n - 1) / n
     return {STAGES[0]: 2 * half, STAGES[1]: 2 * half, STAGES[2]: 2 * half, STAGES[3]: 3 * half}
+
+
+def zero_redundancy_traffic_per_parameter(n: int) -> float:
+    """Elements each process sends per parameter and step with ``ZeroRedundancyOptimizer``.
+
+    It does not do ZeRO-1's reduce-scatter and all-gather: DDP still allreduces the whole
+    gradient, ``2(n-1)/n``, and after the step every process broadcasts the parameters
+    it updated, which all the others must receive, ``(n-1)/n`` per process on average:
+    ``3(n-1)/n`` in all, 1.5 times the ideal ``2(n-1)/n`` of :func:`zero_traffic_per_parameter`.
+    """
+    return 3 * (n - 1) / n
+
+
+# What each process sends per element of a collective's full tensor, with ring algorithms
+# (or, for a broadcast, on average over the processes: the n - 1 others must each receive it).
+COLLECTIVE_TRAFFIC = {"allreduce": lambda n: 2 * (n - 1) / n,
+                      "broadcast": lambda n: (n - 1) / n,
+                      "all-gather": lambda n: (n - 1) / n,
+                      "reduce-scatter": lambda n: (n - 1) / n}
+
+
+def _collective(name: str, args: tuple):
+    """(kind, elements of the full tensor) of a c10d operator call, or None for other ops."""
+    def numel(value):
+        if isinstance(value, torch.Tensor):
+            return value.numel()
+        if isinstance(value, (list, tuple)):
+            return sum(numel(v) for v in value)
+        return 0
+
+    op = name.split(".")[1] if name.startswith("c10d.") else None
+    if op in ("allreduce_", "allreduce_coalesced_"):
+        return "allreduce", numel(args[0])
+    if op == "broadcast_":
+        return "broadcast", numel(args[0])
+    if op in ("_allgather_base_", "allgather_into_tensor_coalesced_"):
+        return "all-gather", numel(args[0])  # the output: every process's piece
+    if op == "allgather_":
+        return "all-gather", numel(args[0])
+    if op in ("_reduce_scatter_base_", "reduce_scatter_tensor_coalesced_"):
+        return "reduce-scatter", numel(args[1])  # the input: the whole tensor to reduce
+    if op == "reduce_scatter_":
+        return "reduce-scatter", numel(args[1])
+    if op is not None and op not in ("barrier", "monitored_barrier_"):
+        return op, numel(args[0]) if args else 0
+    return None
+
+
+class CollectiveCounter:
+    """Counts the collectives that pass through PyTorch's dispatcher while the block runs.
+
+    ``calls`` and ``elements`` per kind ('allreduce', 'broadcast', 'all-gather',
+    'reduce-scatter'); elements are those of the full tensor each call works on (for an
+    all-gather its output, for a reduce-scatter its input). It sees DDP's bucket
+    allreduces, which DDP's C++ reducer starts, as well as the collectives called from
+    Python (ZeroRedundancyOptimizer's broadcasts, FSDP's all-gathers), because all of
+    them are dispatcher operators (``torch.ops.c10d``); it watches them through a
+    ``TorchDispatchMode``, which autograd hands on to the threads that run the backward pass.
+    """
+
+    def __init__(self):
+        self.calls: Dict[str, int] = {}
+        self.elements: Dict[str, int] = {}
+        self._mode = None
+
+    def _note(self, func, args):
+        found = _collective(str(func), args)
+        if found is not None:
+            kind, elements = found
+            self.calls[kind] = self.calls.get(kind, 0) + 1
+            self.elements[kind] = self.elements.get(kind, 0) + elements
+
+    def __enter__(self) -> "CollectiveCounter":
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        counter = self
+
+        class _Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                counter._note(func, args)
+                return func(*args, **(kwargs or {}))
+
+        self._mode = _Mode()
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        self._mode.__exit__(*exc)
+        return False
+
+    def sent_per_element(self, n: int, per: int) -> float:
+        """Elements each process sends, per element of a model of ``per`` elements, with
+        ring algorithms (:data:`COLLECTIVE_TRAFFIC`)."""
+        return sum(COLLECTIVE_TRAFFIC[kind](n) * elements / per
+                   for kind, elements in self.elements.items() if kind in COLLECTIVE_TRAFFIC)
 
 
 def held_bytes(model: nn.Module, optimizer) -> Dict[str, int]:
@@ -400,7 +495,15 @@ def bucket_sweep_job(rank: int, world_size: int, config: dict) -> Optional[dict]
 def sharding_job(rank: int, world_size: int, config: dict) -> dict:
     """Bytes of parameters, gradients and Adam state that this process holds after a few
     steps of plain DDP, DDP with ``ZeroRedundancyOptimizer`` (ZeRO-1) and FSDP2's
-    ``fully_shard`` (ZeRO-3), and how far each one's final parameters are from DDP's."""
+    ``fully_shard`` (ZeRO-3), and how far each one's final parameters are from DDP's.
+
+    Also, per setup: ``peak`` bytes, the most that the tensors this process allocated
+    while building the setup and training it held at one moment
+    (:class:`dlperf.memory.AllocationPeak`: parameters, gradients, optimizer state,
+    DDP's buckets, FSDP's all-gathered parameters and reduce-scatter inputs,
+    activations and temporaries; the input batches are made before and not counted), and
+    the ``collectives`` of the last step (:class:`CollectiveCounter`), after the first
+    steps have set everything up."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.optim import ZeroRedundancyOptimizer
@@ -410,43 +513,55 @@ def sharding_job(rank: int, world_size: int, config: dict) -> dict:
     batches = [_batch(config, device, seed=1000 * step + rank) for step in range(config["steps"])]
     lr = 1e-3
 
-    def train(model, optimizer):
-        for X, y in batches:
-            optimizer.zero_grad(set_to_none=True)
-            _loss(model(X), y).backward()
-            optimizer.step()
-        synchronize(device)
+    def train(model, optimizer, setup):
+        counter = CollectiveCounter()
+        for step, (X, y) in enumerate(batches):
+            with counter if step == len(batches) - 1 else nullcontext():
+                optimizer.zero_grad(set_to_none=True)
+                _loss(model(X), y).backward()
+                optimizer.step()
+                synchronize(device)
+        collectives[setup] = {"calls": counter.calls, "elements": counter.elements}
 
     def full_parameters(model):
         return [(p.full_tensor() if hasattr(p, "full_tensor") else p).detach()
                 for p in model.parameters()]
 
-    results, finals = {}, {}
-    ddp = _ddp(copy.deepcopy(base), device)
-    adam = torch.optim.Adam(ddp.parameters(), lr=lr)
-    train(ddp, adam)
-    results["DDP + Adam"], finals["DDP + Adam"] = held_bytes(ddp, adam), full_parameters(ddp)
-
-    ddp = _ddp(copy.deepcopy(base), device)
-    zero = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.Adam, lr=lr)
-    train(ddp, zero)
-    results["DDP + ZeroRedundancyOptimizer"] = held_bytes(ddp, zero)
-    finals["DDP + ZeroRedundancyOptimizer"] = full_parameters(ddp)
-
-    sharded = copy.deepcopy(base)
+    results, finals, peaks, collectives = {}, {}, {}, {}
     mesh = init_device_mesh(device.type, (world_size,))
-    for block in sharded:  # each block all-gathers its parameters on its own, then the rest
-        fully_shard(block, mesh=mesh)
-    fully_shard(sharded, mesh=mesh)
-    adam = torch.optim.Adam(sharded.parameters(), lr=lr)
-    train(sharded, adam)
-    results["FSDP2 fully_shard + Adam"] = held_bytes(sharded, adam)
-    finals["FSDP2 fully_shard + Adam"] = full_parameters(sharded)
+    setup = "DDP + Adam"
+    with AllocationPeak(device) as peak:
+        ddp = _ddp(copy.deepcopy(base), device)
+        adam = torch.optim.Adam(ddp.parameters(), lr=lr)
+        train(ddp, adam, setup)
+    peaks[setup] = peak.peak_bytes
+    results[setup], finals[setup] = held_bytes(ddp, adam), full_parameters(ddp)
+    del ddp, adam
+
+    setup = "DDP + ZeroRedundancyOptimizer"
+    with AllocationPeak(device) as peak:
+        ddp = _ddp(copy.deepcopy(base), device)
+        zero = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.Adam, lr=lr)
+        train(ddp, zero, setup)
+    peaks[setup] = peak.peak_bytes
+    results[setup], finals[setup] = held_bytes(ddp, zero), full_parameters(ddp)
+    del ddp, zero
+
+    setup = "FSDP2 fully_shard + Adam"
+    with AllocationPeak(device) as peak:
+        sharded = copy.deepcopy(base)
+        for block in sharded:  # each block all-gathers its parameters on its own, then the rest
+            fully_shard(block, mesh=mesh)
+        fully_shard(sharded, mesh=mesh)
+        adam = torch.optim.Adam(sharded.parameters(), lr=lr)
+        train(sharded, adam, setup)
+    peaks[setup] = peak.peak_bytes
+    results[setup], finals[setup] = held_bytes(sharded, adam), full_parameters(sharded)
     reference = finals["DDP + Adam"]
     differences = {name: max(float((a - b).abs().max()) for a, b in zip(params, reference))
                    for name, params in finals.items()}
-    return {"bytes": results, "max_diff": differences,
-            "parameters": sum(p.numel() for p in base.parameters())}
+    return {"bytes": results, "max_diff": differences, "peak": peaks,
+            "collectives": collectives, "parameters": sum(p.numel() for p in base.parameters())}
 
 
 PARTS = {"buckets": buckets_job, "accumulation": accumulation_job, "sweep": bucket_sweep_job,

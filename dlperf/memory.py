@@ -186,6 +186,60 @@ class DevicePeak:
         return False
 
 
+class AllocationPeak:
+    """The most bytes that tensors allocated inside the block held at one moment.
+
+    Counts what PyTorch's allocator handed out while the block ran and had not yet
+    taken back: ``peak_bytes`` at the worst moment, ``held_bytes`` at the end. Tensors
+    that existed before the block do not count, so to measure everything a setup needs,
+    build it inside the block. On a GPU this reads the CUDA caching allocator's
+    statistics (as :class:`DevicePeak`); on the CPU, which keeps no such statistics,
+    it runs ``torch.profiler`` with ``profile_memory=True`` and adds up the allocations
+    and frees that the profiler's memory events report, in the order they happened
+    (only those of this thread and the threads autograd runs for it, and only memory
+    that PyTorch's allocator handed out: a library's own buffers are not seen).
+    """
+
+    def __init__(self, device: Union[str, torch.device, None] = None):
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self.on_cuda = self.device.type == "cuda" and torch.cuda.is_available()
+        self.peak_bytes: Optional[int] = None
+        self.held_bytes: Optional[int] = None
+        self._start = 0
+        self._profiler = None
+
+    def __enter__(self) -> "AllocationPeak":
+        if self.on_cuda:
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self._start = torch.cuda.memory_allocated(self.device)
+        else:
+            import os
+            # Kineto logs each start and stop, and that it found no GPU: keep it quiet.
+            os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+            from torch.profiler import ProfilerActivity, profile
+            self._profiler = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+            self._profiler.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        if self.on_cuda:
+            torch.cuda.synchronize(self.device)
+            self.peak_bytes = torch.cuda.max_memory_allocated(self.device) - self._start
+            self.held_bytes = torch.cuda.memory_allocated(self.device) - self._start
+            return False
+        self._profiler.__exit__(*exc)
+        from torch.autograd import DeviceType
+        events = [e for e in self._profiler.profiler.kineto_results.events()
+                  if e.name() == "[memory]" and e.device_type() == DeviceType.CPU]
+        running = peak = 0
+        for event in sorted(events, key=lambda e: e.start_ns()):
+            running += event.nbytes()
+            peak = max(peak, running)
+        self.peak_bytes, self.held_bytes = peak, running
+        return False
+
+
 def format_bytes(size: Optional[float]) -> str:
     """Bytes as B, KiB, MiB or GiB, whichever reads best ("n/a" for None)."""
     if size is None:

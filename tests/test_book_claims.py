@@ -299,23 +299,28 @@ FACTS += [(_MP, name, lambda v, b=b: b) for name, b in [
 _DDP = "chapters/ddp-internals"
 CLAIMS += [
     (_DDP, "overlap_verdict",
-     lambda v: ("most of the allreduce time (at least half) ran while the backward pass was "
+     lambda v: ("most of the allreduce time, at least half, ran while the backward pass was "
                 "still computing" if v["overlap_share"] >= 50 else
-                "part of the allreduce time (between a tenth and a half) ran while the backward "
+                "part of the allreduce time, between a tenth and a half, ran while the backward "
                 "pass was still computing" if v["overlap_share"] >= 10 else
-                "hardly any allreduce time (less than a tenth) ran while the backward pass was "
+                "hardly any allreduce time, less than a tenth, ran while the backward pass was "
                 "computing"), False),
     (_DDP, "nosync_verdict",
      lambda v: ("faster with no_sync()" if v["nosync_ratio"] >= 1.05 else
                 "slower with no_sync()" if v["nosync_ratio"] <= 1 / 1.05 else
-                "about as fast either way (within 5%)"), False),
+                "about as fast either way, within 5%"), False),
     (_DDP, "sweep_verdict",
      lambda v: ("mattered: the slowest setting took more than 5% longer than the fastest"
                 if v["sweep_spread"] > 1.05
                 else "made no difference beyond 5% between the settings"), False),
 ]
 FACTS += [(_DDP, "zero1_8", lambda v: 2 + 2 + 12 / 8), (_DDP, "zero2_8", lambda v: 2 + 14 / 8),
-          (_DDP, "zero3_8", lambda v: 16 / 8)]
+          (_DDP, "zero3_8", lambda v: 16 / 8),
+          # ZeroRedundancyOptimizer: an allreduce and a broadcast of the whole model per step,
+          # 3(n-1)/n per process; the ideal ZeRO-1 (reduce-scatter + all-gather) 2(n-1)/n
+          (_DDP, "zero_redundancy_sent_8", lambda v: 3 * 7 / 8), (_DDP, "zero1_sent_8", lambda v: 2 * 7 / 8),
+          (_DDP, "zero_allreduce_per_param", lambda v: 1.0),
+          (_DDP, "zero_broadcast_per_param", lambda v: 1.0)]
 
 # Verdicts glued under names made in a loop, which the source scan below cannot read.
 LOOPED = set()

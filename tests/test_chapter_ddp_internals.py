@@ -74,6 +74,29 @@ def test_sharding_holds_what_zero_predicts(page):
     assert number(values, "zero_max_diff") < 1e-5 and number(values, "fsdp_max_diff") < 1e-5
 
 
+def test_peaks_exceed_what_is_kept_between_steps(page):
+    """Sharding divides what a process keeps between steps; its peak within a step is more:
+    all-gathered parameters, unreduced gradients, activations (not "1/n in everything")."""
+    _, text, values = page
+    assert "peak bytes per parameter" in text
+    assert number(values, "ddp_peak_bpp") > 16  # parameters, gradients, Adam, DDP's buckets
+    assert number(values, "fsdp_peak_bpp") > number(values, "fsdp_predicted")
+    assert number(values, "fsdp_peak_bpp") > number(values, "fsdp_bytes_param")
+    assert number(values, "fsdp_peak_bpp") < number(values, "ddp_peak_bpp")
+
+
+def test_zero_redundancy_traffic_is_allreduce_plus_broadcast(page):
+    """What ZeroRedundancyOptimizer sends is DDP's allreduce plus a broadcast, 3(n-1)/n, not
+    the 2(n-1)/n of the ideal ZeRO-1."""
+    _, _, values = page
+    n = number(values, "world_size")
+    assert number(values, "zero_redundancy_sent") == pytest.approx(3 * (n - 1) / n, rel=1e-3)
+    assert number(values, "zero_redundancy_sent") > number(values, "zero1_ideal_sent")
+    assert number(values, "zero1_ideal_sent") == pytest.approx(2 * (n - 1) / n)
+    assert number(values, "ddp_sent") == pytest.approx(2 * (n - 1) / n, rel=1e-3)
+    assert number(values, "fsdp_sent") == pytest.approx(3 * (n - 1) / n, rel=1e-3)
+
+
 @pytest.mark.gpu
 def test_page_runs_on_the_gpu(monkeypatch):
     """Execute the page on CUDA (quick profile): NCCL with 2+ GPUs, kernels in the trace."""

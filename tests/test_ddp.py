@@ -170,3 +170,43 @@ def test_jobs_sweep_and_shard(page_results):
                      for r in page_results)
     # every parameter's Adam state lives on exactly one process
     assert zero_state == page_results[0]["sharding"]["bytes"]["DDP + Adam"]["optimizer state"]
+
+
+def test_zero_redundancy_traffic_is_half_as_much_again_as_zero1():
+    for n in (2, 4, 8):
+        ideal = ddp.zero_traffic_per_parameter(n)[ddp.STAGES[1]]
+        assert ddp.zero_redundancy_traffic_per_parameter(n) == pytest.approx(1.5 * ideal)
+    assert ddp.zero_redundancy_traffic_per_parameter(8) == pytest.approx(2.625)
+
+
+def test_collective_counter_names_kinds_and_full_sizes():
+    """Sizes are those of the full tensor: an all-gather's output, a reduce-scatter's input."""
+    counter = ddp.CollectiveCounter()
+    counter._note("c10d.allreduce_.default", ([torch.zeros(6), torch.zeros(4)], None))
+    counter._note("c10d.broadcast_.default", ([torch.zeros(10)], None))
+    counter._note("c10d._allgather_base_.default", (torch.zeros(10), torch.zeros(5)))
+    counter._note("c10d._reduce_scatter_base_.default", (torch.zeros(5), torch.zeros(10)))
+    counter._note("aten.add.Tensor", (torch.zeros(3), torch.zeros(3)))  # not a collective
+    assert counter.calls == {"allreduce": 1, "broadcast": 1, "all-gather": 1, "reduce-scatter": 1}
+    assert counter.elements == {"allreduce": 10, "broadcast": 10, "all-gather": 10,
+                                "reduce-scatter": 10}
+    # per element of a 10-element model, 4 processes: 2*3/4 + 3 * 3/4
+    assert counter.sent_per_element(4, 10) == pytest.approx(1.5 + 3 * 0.75)
+
+
+def test_jobs_count_collectives_and_peaks(page_results):
+    """DDP allreduces the model once a step; ZeroRedundancyOptimizer adds a broadcast of it;
+    FSDP2 all-gathers it twice and reduce-scatters it once. Every peak is above what the
+    setup keeps after its steps."""
+    parameters = page_results[0]["sharding"]["parameters"]
+    for result in page_results:
+        counted = result["sharding"]["collectives"]
+        per = {setup: {kind: e / parameters for kind, e in c["elements"].items()}
+               for setup, c in counted.items()}
+        assert per["DDP + Adam"]["allreduce"] == pytest.approx(1.0)
+        assert per["DDP + ZeroRedundancyOptimizer"]["allreduce"] == pytest.approx(1.0)
+        assert per["DDP + ZeroRedundancyOptimizer"]["broadcast"] == pytest.approx(1.0, abs=0.01)
+        assert per["FSDP2 fully_shard + Adam"]["all-gather"] == pytest.approx(2.0)
+        assert per["FSDP2 fully_shard + Adam"]["reduce-scatter"] == pytest.approx(1.0)
+        for setup, held in result["sharding"]["bytes"].items():
+            assert result["sharding"]["peak"][setup] > sum(held.values())

@@ -125,3 +125,18 @@ def test_overlapping_views_of_one_storage_count_once():
     with memory.SavedTensors() as saved:
         (base[:6] * base[4:]).sum()  # rows 0-5 and 4-9 of one storage: 10 rows in all
     assert saved.bytes == 4 * 100
+
+
+def test_allocation_peak_sees_a_temporary_that_is_gone_at_the_end():
+    """The peak counts tensors alive at the same moment, even those freed before the end."""
+    x = torch.randn(256, 256)  # 256 KiB, from before the block: not counted
+    with memory.AllocationPeak("cpu") as peak:
+        y = x @ x  # 256 KiB
+        z = y + 1  # 256 KiB more while y is alive: the peak
+        del y
+        w = z * 2  # y is gone: 512 KiB again
+        del z
+    size = 256 * 256 * 4
+    assert 2 * size <= peak.peak_bytes < 2 * size + 4096  # small bookkeeping allocations aside
+    assert size <= peak.held_bytes < size + 4096  # only w is left
+    assert w.shape == (256, 256)
