@@ -14,6 +14,11 @@ The learner owns exactly one thing in a notebook: the *source* of its solution c
   it) is graded in the copy the learner wrote in (the last, if several); the other
   copies they wrote in stay where they were, as the learner's own cells, and copies that
   still hold the released stub are left out;
+* an answer cell whose metadata is gone (deleted, and the answer typed into a fresh
+  cell) is re-created from the learner's own cells in its place, between the known
+  cells around it, when they define every name its released stub defines and nothing
+  the instructor's cells define (:func:`_recreated_answers`); the stub is then not put
+  back, so it never runs after the learner's definitions;
 * cell metadata is the reference's for known cells and empty for the learner's own, so
   tags a learner added (``skip-execution``, ``raises-exception``, ``parameters``,
   ``injected-parameters``...) have no effect; outputs are cleared;
@@ -211,6 +216,149 @@ def _graded_copies(cells: List[dict], ref_cells: Dict[str, object],
     return chosen
 
 
+# Cell magics whose body is ordinary Python run in the namespace (for reading its names).
+PYTHON_CELL_MAGICS = ("%%time", "%%timeit", "%%capture", "%%prun")
+
+
+def _python(source: str):
+    """The syntax tree of a cell's code as IPython runs it (magics and shell commands
+    rewritten, the line of a cell magic whose body is Python dropped), or ``None``."""
+    from IPython.core.inputtransformer2 import TransformerManager
+
+    from .checks import parse
+    lines = source.replace("\r\n", "\n").split("\n")
+    if lines and lines[0].split(" ")[0].strip() in PYTHON_CELL_MAGICS:
+        lines = lines[1:]
+    try:
+        return parse(TransformerManager().transform_cell("\n".join(lines)))
+    except (SyntaxError, ValueError):
+        return None
+
+
+def top_level_names(source: str) -> Optional[Dict[str, str]]:
+    """What a cell's code defines at top level: name -> how (``import`` plus the module
+    for imports, ``define`` otherwise); ``None`` when it is not Python even after IPython's
+    own rewriting of magics and shell commands (``%time``, ``!pip``)."""
+    import ast
+
+    from .checks import bound_names
+    tree = _python(source)
+    if tree is None:
+        return None
+    names: Dict[str, str] = {}
+    for statement in tree.body:
+        if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names[statement.name] = "define"
+        elif isinstance(statement, ast.Import):
+            for alias in statement.names:
+                names[(alias.asname or alias.name).split(".")[0]] = (
+                    f"import {alias.name}" if alias.asname else
+                    f"import {alias.name.split('.')[0]}")
+        elif isinstance(statement, ast.ImportFrom):
+            for alias in statement.names:
+                names[alias.asname or alias.name] = (
+                    f"from {'.' * statement.level}{statement.module} import {alias.name}")
+        else:
+            for name in bound_names(statement):
+                names.setdefault(name, "define")
+    return names
+
+
+def _statements(source: str) -> set:
+    """The top-level statements of a test cell that do something (not imports or
+    definitions), as syntax trees: what a copied test cell repeats."""
+    import ast
+    tree = _python(source)
+    if tree is None:
+        return set()
+    return {ast.dump(s) for s in tree.body
+            if not isinstance(s, (ast.Import, ast.ImportFrom, ast.FunctionDef,
+                                  ast.AsyncFunctionDef, ast.ClassDef, ast.Pass))
+            and not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))}
+
+
+def _listing(names) -> str:
+    names = sorted(names)
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def _recreated_answers(cells: List[dict], own: List[tuple], found: Dict[str, object],
+                       ref_cells: Dict[str, object], ref_order: List[str],
+                       notes: List[str]) -> Dict[str, List[int]]:
+    """For each answer cell the submission lacks: the indices (in ``cells``) of the
+    learner's own cells to grade as that answer, when they stand in its place and define
+    what it defines.
+
+    ``own`` lists ``(index, cell)`` of the learner's own code cells. The place of a
+    missing answer is between the nearest known cells around it in the assignment's
+    order, where the submission has them; without any known cell nothing is taken
+    (there is nothing to tell that place by). The cells taken must together define every
+    name the released stub defines at top level, and none of the names the instructor's
+    read-only and test cells define (their helpers) other than by the same import; a cell
+    that repeats a statement of a test cell is a copied test and is never taken. Each
+    answer is noted, taken or not.
+    """
+    import ast
+    index_of = {id(cell): index for index, cell in enumerate(cells)}
+    position = {gid: index_of[id(cell)] for gid, cell in found.items()}
+    trusted: Dict[str, str] = {}
+    test_statements: set = set()
+    for gid in ref_order:
+        ref = ref_cells[gid]
+        if is_setup(ref):
+            trusted.update(top_level_names(ref.source) or {})
+        elif is_test(ref):
+            test_statements |= _statements(ref.source)
+            tree = _python(ref.source)
+            trusted.update({s.name: "define" for s in (tree.body if tree else []) if isinstance(
+                s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))})
+    taken: Dict[str, List[int]] = {}
+    used: set = set()
+    for at, gid in enumerate(ref_order):
+        if gid in found or not is_answer(ref_cells[gid]):
+            continue
+        wanted = set(top_level_names(ref_cells[gid].source) or {})
+        before = [position[g] for g in ref_order[:at] if g in position]
+        after = [position[g] for g in ref_order[at + 1:] if g in position]
+        if not wanted or not (before or after):
+            continue
+        low = before[-1] if before else -1
+        high = after[0] if after else len(cells)
+        defining, defined = [], set()
+        for index, cell in own:
+            names = top_level_names(_source(cell)) or {}
+            if low < index < high and index not in used and wanted & set(names):
+                defining.append((index, names))
+                defined |= set(names)
+        if not defining:
+            continue
+        numbers = _listing(str(index + 1) for index, _ in defining)
+        several = len(defining) > 1
+        what = f"your cell{'s' if several else ''} {numbers} in its place"
+        verb = (lambda word: word if several else word + "s")  # they define, it defines
+        helpers = {name for _, names in defining for name, how in names.items()
+                   if name in trusted and name not in wanted
+                   and (how == "define" or how != trusted[name])}  # the same import is fine
+        copied = any(_statements(_source(cells[index])) & test_statements
+                     for index, _ in defining)
+        if not wanted <= defined:
+            notes.append(f"answer cell {gid!r} was missing: {what} {verb('define')} "
+                         f"{_listing(defined & wanted)} but not {_listing(wanted - defined)}, "
+                         "so it was graded as unanswered")
+        elif helpers or copied:
+            why = (f"also {verb('redefine')} {_listing(helpers)} of the given code" if helpers
+                   else f"{verb('repeat')} the code of a test cell")
+            notes.append(f"answer cell {gid!r} was missing: {what} {verb('define')} "
+                         f"{_listing(wanted)} but {why}, so it was graded as unanswered")
+        else:
+            taken[gid] = [index for index, _ in defining]
+            used.update(taken[gid])
+            notes.append(f"answer cell {gid!r} was missing (its nbgrader metadata was gone): "
+                         f"graded {what}, which {verb('define')} {_listing(wanted)}, the "
+                         f"name{'s' if len(wanted) > 1 else ''} that cell asks for")
+    return taken
+
+
 def parameters_cell(device: str = CPU, profile: str = QUICK):
     source = ("# The run's device and profile; papermill injects the values used below this cell.\n"
               f"autograder_device = {device!r}\nautograder_profile = {profile!r}")
@@ -247,7 +395,7 @@ def rebuild(reference: nbformat.NotebookNode, submitted: nbformat.NotebookNode, 
     # Each known cell once, in the assignment's order; a learner's own cell goes right
     # after the known cell it followed in the submission (None: before all of them).
     found: Dict[str, object] = {}
-    own_after: Dict[Optional[str], List[object]] = {}
+    own: List[tuple] = []  # (index in the submission, the known cell before it, the cell)
     previous: Optional[str] = None
     seen_order: List[str] = []
     for index, cell in enumerate(submitted_cells):
@@ -261,21 +409,34 @@ def rebuild(reference: nbformat.NotebookNode, submitted: nbformat.NotebookNode, 
         elif gid in ref_cells and _source(cell).strip() == ref_cells[gid].source.strip():
             continue  # another copy of an answer, still the released stub: nothing of theirs
         else:  # the learner's own, or another copy of an answer they wrote in
-            own = _learners_own(cell)
-            if own is not None:
-                own_after.setdefault(previous, []).append(own)
+            own.append((index, previous, cell))
     if seen_order != [gid for gid in ref_order if gid in found]:
         notes.append("the cells were not in the assignment's order: its order was restored "
                      "(cells of your own stay after the cell they followed)")
+    recreated = _recreated_answers(
+        submitted_cells, [(i, c) for i, _, c in own if c.get("cell_type") == "code"
+                          and grade_id_of(c) not in ref_cells],
+        found, ref_cells, ref_order, notes)
+    taken = {index for indices in recreated.values() for index in indices}
+    own_after: Dict[Optional[str], List[object]] = {}
+    for index, after, cell in own:
+        kept = _learners_own(cell) if index not in taken else None
+        if kept is not None:
+            own_after.setdefault(after, []).append(kept)
 
     body: List[tuple] = [(None, own) for own in own_after.get(None, [])]  # (grade_id, cell)
     for gid in ref_order:
         ref = ref_cells[gid]
         cell = found.get(gid)
-        if cell is None:
+        if cell is None and gid in recreated:  # the learner's own cells, in its place
+            source = "\n\n".join(_source(submitted_cells[i]).strip("\n")
+                                   for i in recreated[gid])
+            body.append((gid, _answer(ref, {"source": source})))
+        elif cell is None:
             if is_test(ref):
                 notes.append(f"test cell {gid!r} was missing: the original was put back")
-            elif is_answer(ref):
+            elif is_answer(ref) and not any(note.startswith(f"answer cell {gid!r} was missing")
+                                            for note in notes):
                 notes.append(f"answer cell {gid!r} was missing: graded as unanswered")
             body.append((gid, _trusted(ref)))
         elif is_answer(ref):

@@ -8,8 +8,8 @@ import pytest
 
 from autograder.layout import SourceNotebook
 from autograder.rebuild import (CONTROL_TAGS, grade_id_of, rebuild, visible_part)
-from tests.autograder_fixtures.submissions import (GOOD_MEAN, SOURCE, answered, grade_id,
-                                                   released, tampered)
+from tests.autograder_fixtures.submissions import (GOOD_MEAN, GOOD_SQUARES, SOURCE, answered,
+                                                   grade_id, released, tampered)
 
 
 @pytest.fixture(scope="module")
@@ -196,3 +196,85 @@ def test_bad_device_or_profile_is_refused(reference):
         rebuild(reference, released(), device="tpu")
     with pytest.raises(ValueError):
         rebuild(reference, released(), profile="huge")
+
+
+# --- an answer cell re-created by the learner (its nbgrader metadata gone) -----------------
+
+def recreated(source: str, gid: str = "squares", at_offset: int = 0):
+    """The answered release with answer cell ``gid`` replaced by a fresh cell of the
+    learner's (no metadata) holding ``source``, ``at_offset`` cells after where it was."""
+    nb = answered()
+    old = cell(nb, gid)
+    at = nb.cells.index(old)
+    nb.cells.remove(old)
+    nb.cells.insert(at + at_offset, nbformat.v4.new_code_cell(source))
+    return nb
+
+
+def test_a_recreated_answer_cell_is_graded_as_the_answer(reference):
+    rebuilt = rebuild(reference, recreated(GOOD_SQUARES))
+    graded = cell(rebuilt.notebook, "squares")
+    assert graded.source == GOOD_SQUARES and rebuilt.answered["squares"] is True
+    # it is not also left as a cell of the learner's own, and the stub never runs
+    sources = [c.source for c in rebuilt.notebook.cells]
+    assert sources.count(GOOD_SQUARES) == 1
+    assert "NotImplementedError" not in graded.source
+    assert any("answer cell 'squares' was missing (its nbgrader metadata was gone): graded "
+               "your cell 4 in its place, which defines squares" in note
+               for note in rebuilt.notes), rebuilt.notes
+
+
+def test_a_recreated_answer_above_its_place_is_not_undone_by_the_stub(reference):
+    # the fresh cell went in right after the setup cell, before the exercise's text
+    rebuilt = rebuild(reference, recreated(GOOD_SQUARES, at_offset=-1))
+    ids = [grade_id_of(c) for c in rebuilt.notebook.cells]
+    graded = cell(rebuilt.notebook, "squares")
+    assert graded.source == GOOD_SQUARES
+    assert not any("NotImplementedError" in c.source and "def squares" in c.source
+                   for c in rebuilt.notebook.cells[ids.index("squares"):])
+
+
+def test_a_recreated_answer_with_magics_and_shell_commands(reference):
+    nb = recreated("%%time\ndef squares(n):\n    return [k * k for k in range(n)]")
+    at = next(i for i, c in enumerate(nb.cells) if "%%time" in c.source)
+    nb.cells.insert(at, nbformat.v4.new_code_cell("!echo hello\n%time x = 1\nimport math"))
+    rebuilt = rebuild(reference, nb)
+    assert "def squares" in cell(rebuilt.notebook, "squares").source
+    assert "%time x = 1" not in cell(rebuilt.notebook, "squares").source  # defines no squares
+    assert any("graded your cell 5 in its place" in note for note in rebuilt.notes), rebuilt.notes
+
+
+def test_cells_elsewhere_or_without_every_name_are_not_taken(reference):
+    far = rebuild(reference, recreated(GOOD_SQUARES, at_offset=4))  # past test_squares
+    assert "NotImplementedError" in cell(far.notebook, "squares").source
+    assert any("answer cell 'squares' was missing: graded as unanswered" in note
+               for note in far.notes)
+    other = rebuild(reference, recreated("def cubes(n):\n    return []"))
+    assert "NotImplementedError" in cell(other.notebook, "squares").source
+
+
+@pytest.mark.parametrize("extra, says", [
+    ("import math as sys", "also redefines sys of the given code"),
+    ("def math():\n    pass", "also redefines math of the given code"),
+    ("assert squares(3) == [0, 1, 4], f\"squares(3) gave {squares(3)}, expected [0, 1, 4]\"",
+     "repeats the code of a test cell"),
+])
+def test_a_recreated_answer_that_redefines_helpers_or_copies_a_test_gains_nothing(
+        reference, extra, says):
+    rebuilt = rebuild(reference, recreated(GOOD_SQUARES + "\n" + extra))
+    assert "NotImplementedError" in cell(rebuilt.notebook, "squares").source
+    assert rebuilt.answered["squares"] is False
+    assert any(says in note and "graded as unanswered" in note for note in rebuilt.notes), \
+        rebuilt.notes
+    # the same import as the given code is not a redefinition
+    same = rebuild(reference, recreated("import math\n" + GOOD_SQUARES))
+    assert "return [k * k" in cell(same.notebook, "squares").source
+
+
+def test_without_any_known_cell_nothing_is_recreated(reference):
+    nb = answered()
+    for c in nb.cells:
+        c.metadata = {}
+    rebuilt = rebuild(reference, nb)
+    assert "NotImplementedError" in cell(rebuilt.notebook, "squares").source
+    assert rebuilt.answered == {"squares": False, "mean": False, "explain": False}
