@@ -161,7 +161,9 @@ def _grade(args: argparse.Namespace, runner) -> int:
     try:
         course = Course.discover(args.course)
         sources = course.source_notebooks(args.assignment)
-        submissions = find_submissions(args.submitted, args.assignment, notebooks=list(sources))
+        submissions = find_submissions(args.submitted, args.assignment, notebooks=list(sources),
+                                       references={name: source.graded_view
+                                                   for name, source in sources.items()})
     except FileNotFoundError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

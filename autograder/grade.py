@@ -32,7 +32,7 @@ from .device import cuda_available
 from .execute import TIMEOUT_ENAME, Execution, execute
 from .imports import kernel_preload
 from .judge import FAILED, MANUAL, NOT_RUN, PARTIAL, PASSED, SKIPPED, TestResult, judge
-from .layout import SourceNotebook, Submission, notebook_from_bytes, submitted_bytes
+from .layout import SourceNotebook, Submission, notebook_from_bytes, plural, submitted_bytes
 from .options import (COPY_BUDGET, CPU, KERNEL_CPU_MARGIN, GradeOptions, available_cores,
                       default)
 from .policy import Policy, closed_folders, python_paths, shown_paths
@@ -223,9 +223,11 @@ def _summary(result: SubmissionResult, execution: Optional[Execution], notes: Li
     if execution is not None and not execution.completed:
         parts.append(execution.message)
     elif execution is not None and _timed_out_cells(execution.notebook):
-        parts.append(f"{_timed_out_cells(execution.notebook)} cell(s) ran past the "
-                     "per-cell time limit and were interrupted"
-                     + ("; no points depended on them" if result.status == GRADED else ""))
+        late = _timed_out_cells(execution.notebook)
+        parts.append(f"{plural(late, 'cell')} ran past the per-cell time limit and "
+                     + ("was" if late == 1 else "were") + " interrupted"
+                     + (f"; no points depended on {'it' if late == 1 else 'them'}"
+                        if result.status == GRADED else ""))
     autograded = [t for t in result.tests if t.counts]
     passed = result.count(PASSED)
     parts.append(f"{result.score:g}/{result.max_score:g} points, {passed} of {len(autograded)} "
@@ -236,7 +238,7 @@ def _summary(result: SubmissionResult, execution: Optional[Execution], notes: Li
         parts.append(f"{result.count(NOT_RUN)} not run")
     skipped = [t for t in result.tests if t.outcome == SKIPPED]
     if skipped:
-        parts.append(f"{len(skipped)} GPU-only test(s) worth "
+        parts.append(f"{plural(len(skipped), 'GPU-only test')} worth "
                      f"{_points(sum(t.max_score for t in skipped))} skipped on the CPU")
     manual = [t for t in result.tests if t.outcome == MANUAL]
     if manual:
@@ -277,7 +279,8 @@ def grade_submission(submission: Submission, source: Optional[SourceNotebook],
 
     def invalid(reason: str, tests: List[TestResult]) -> SubmissionResult:
         result = SubmissionResult(submission, INVALID, "", tests=tests, device=options.device)
-        result.message = f"{reason}; {result.score:g}/{result.max_score:g} points"
+        result.message = f"{reason}; {result.score:g}/{result.max_score:g} points" + (
+            f"; {submission.note}" if submission.note else "")
         return finish(result)
 
     if source is None:
@@ -293,7 +296,7 @@ def grade_submission(submission: Submission, source: Optional[SourceNotebook],
         seed = test_seed(source, raw)
         rebuilt = rebuild(source.graded_view, submitted, device=options.device,
                           profile=options.profile, seed=seed)
-        rebuilt.notes[:0] = repairs
+        rebuilt.notes[:0] = ([submission.note] if submission.note else []) + repairs
     except ValueError as error:
         return invalid(str(error), zero)
 

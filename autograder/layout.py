@@ -36,6 +36,7 @@ class Submission:
     notebook: str          # the notebook's name without .ipynb, as nbgrader names it
     path: Path             # SUBMITTED/<student_id>/<assignment>/<notebook>.ipynb
     root: Optional[Path] = None  # SUBMITTED: nothing whose real path lies outside is read
+    note: str = ""         # what the learner should know about how the file was found
 
     @property
     def folder(self) -> Path:
@@ -165,13 +166,85 @@ class Course:
         return notebooks
 
 
+# How tools rename a file they save beside one of the same name, or a copy: a browser's
+# second download ("name (1)", "name(1)"), Jupyter's File > Duplicate ("name-Copy1"),
+# Colab's File > Save a copy ("Copy of name"), a file manager's copy ("name - Copy",
+# "name copy", "name 2"), a name saved with its extension twice ("name.ipynb").
+RENAMES = (r"{} ?\(\d+\)", r"{}-Copy\d*", r"Copy of {}", r"{} - Copy( \(\d+\))?",
+           r"{} copy( \d+)?", r"{} \d+", r"{}\.ipynb")
+
+
+def renamed_by_a_tool(name: str, expected: str) -> bool:
+    """Whether ``name`` is ``expected`` as a browser, Jupyter, Colab or a file manager
+    renames it (:data:`RENAMES`); letter case aside."""
+    return any(re.fullmatch(pattern.format(re.escape(expected)), name, re.IGNORECASE)
+               for pattern in RENAMES)
+
+
+def _grade_ids(nb) -> set:
+    found = set()
+    for cell in nb.get("cells", []):
+        meta = cell.get("metadata", {}).get("nbgrader") if isinstance(cell, dict) else None
+        if isinstance(meta, dict) and isinstance(meta.get("grade_id"), str):
+            found.add(meta["grade_id"])
+    return found
+
+
+def _renamed(folder: Path, names: set, references: Dict[str, "nbformat.NotebookNode"],
+             root: Optional[Path]) -> Tuple[Dict[str, Tuple[Path, str]], Dict[str, str]]:
+    """The assignment's notebooks missing from ``folder`` that a file of another name
+    stands for: ``(taken, notes)``. A file stands for one when at least half of that
+    notebook's nbgrader cells (by ``grade_id``) are in it. It is taken, with a note, when
+    it is the only one that does and its name is the expected one as a tool renames it
+    (:func:`renamed_by_a_tool`); otherwise the missing notebook's note says which files
+    could be it, and none is graded in its place."""
+    missing = [name for name in references if name not in names]
+    unknown = sorted(names - set(references))
+    taken: Dict[str, Tuple[Path, str]] = {}
+    notes: Dict[str, str] = {}
+    if not missing or not unknown:
+        return taken, notes
+    wanted = {name: _grade_ids(references[name]) for name in missing}
+    holds: Dict[str, List[str]] = {name: [] for name in missing}
+    for name in unknown:
+        try:
+            nb, _ = notebook_from_bytes(submitted_bytes(folder / f"{name}.ipynb", root))
+        except ValueError:
+            continue  # not readable as a notebook: it stands for nothing
+        ids = _grade_ids(nb)
+        for expected, its_ids in wanted.items():
+            if its_ids and 2 * len(ids & its_ids) >= len(its_ids):
+                holds[expected].append(name)
+    for expected, could in holds.items():
+        files = " and ".join(f"'{name}.ipynb'" for name in could)
+        if len(could) == 1 and renamed_by_a_tool(could[0], expected):
+            taken[expected] = (folder / f"{could[0]}.ipynb", (
+                f"graded '{could[0]}.ipynb' as {expected}.ipynb: it holds this assignment's "
+                f"cells, and {expected}.ipynb was not in the folder (a browser or Jupyter "
+                "renames a second copy so)"))
+        elif len(could) == 1:
+            notes[expected] = (f"the folder holds {files}, which has this assignment's cells "
+                               f"but another name: rename it to {expected}.ipynb and submit "
+                               "it again")
+        elif could:
+            notes[expected] = (f"{len(could)} notebooks in the folder could be it ({files}), "
+                               f"so none was graded: keep the one you mean, named "
+                               f"{expected}.ipynb, and submit it again")
+    return taken, notes
+
+
 def find_submissions(submitted: Path, assignment: str,
-                     notebooks: Optional[List[str]] = None) -> List[Submission]:
+                     notebooks: Optional[List[str]] = None,
+                     references: Optional[Dict[str, "nbformat.NotebookNode"]] = None
+                     ) -> List[Submission]:
     """Every ``SUBMITTED/<student>/<assignment>/<notebook>.ipynb``, sorted by student and notebook.
 
     With ``notebooks`` (the assignment's notebook names), a student who submitted the
     assignment but not one of its notebooks still gets a :class:`Submission` for it (its
     path does not exist), so that every student and notebook gets a row in the grades.
+    With ``references`` (name -> the graded view), a missing notebook may be found under
+    another name (:func:`_renamed`): the file is then graded as that notebook, with a note,
+    and gets no row of its own.
     """
     submitted = Path(submitted)
     if not submitted.is_dir():
@@ -184,10 +257,15 @@ def find_submissions(submitted: Path, assignment: str,
         if not folder.is_dir():
             continue
         names = {p.stem for p in folder.glob("*.ipynb") if not IGNORED.match(p.name)}
+        root = submitted.absolute()  # a Dask worker has another cwd
+        taken, notes = _renamed(folder, names, references, root) if references else ({}, {})
+        names -= {path.stem for path, _ in taken.values()}
         names.update(notebooks or [])
+        names.update(references or [])
         for name in sorted(names):
-            found.append(Submission(student_dir.name, assignment, name, folder / f"{name}.ipynb",
-                                    root=submitted.absolute()))  # a Dask worker has another cwd
+            path, note = taken.get(name, (folder / f"{name}.ipynb", notes.get(name, "")))
+            found.append(Submission(student_dir.name, assignment, name, path, root=root,
+                                    note=note))
     return found
 
 
@@ -198,6 +276,18 @@ NOTEBOOK_FORMAT = 4  # the nbformat major version the grader reads (older ones a
 KINDS = ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a named pipe"),
          (stat.S_ISDIR, "a folder"), (stat.S_ISSOCK, "a socket"),
          (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device"))
+
+
+def mebibytes(size: int) -> str:
+    """A size in MiB with one decimal, rounded up: a file over a limit never reads as the
+    limit's own number (20 MiB and one byte is 20.1, not 20.0)."""
+    import math
+    return f"{math.ceil(size * 10 / 2**20) / 10:.1f}"
+
+
+def plural(count: int, word: str, words: str = "") -> str:
+    """``1 cell``, ``2 cells``: a count with its noun in the right number."""
+    return f"{count} {word if count == 1 else words or word + 's'}"
 
 
 def submitted_bytes(path: Path, root: Optional[Path] = None) -> bytes:
@@ -221,8 +311,9 @@ def submitted_bytes(path: Path, root: Optional[Path] = None) -> bytes:
             raise ValueError(f"the notebook is {kind}, not a file: submit the notebook "
                              "file itself")
     if info.st_size > MAX_NOTEBOOK_BYTES:
-        raise ValueError(f"the notebook is {info.st_size / 2**20:.0f} MiB; the limit is "
-                         f"{MAX_NOTEBOOK_BYTES // 2**20} MiB (clear its outputs and submit again)")
+        raise ValueError(f"the notebook is {mebibytes(info.st_size)} MiB; the limit is "
+                         f"{MAX_NOTEBOOK_BYTES / 2**20:g} MiB (clear its outputs, save it and "
+                         "submit it again)")
     try:  # O_NOFOLLOW and O_NONBLOCK: swapped for a link or a pipe since the lstat, it fails
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError as error:
@@ -240,6 +331,23 @@ def read_notebook(path: Path) -> Tuple["nbformat.NotebookNode", List[str]]:
     return notebook_from_bytes(submitted_bytes(path))
 
 
+def decoded(raw: bytes) -> Tuple[str, str]:
+    """The text of a notebook file and, when it was not UTF-8, the encoding it was in.
+
+    Notebooks are UTF-8 (a byte-order mark is allowed); a file re-saved by a Windows tool
+    may be UTF-16 (with its byte-order mark) or, for text with accents, Windows-1252."""
+    import codecs
+    if raw.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        return raw.decode("utf-16"), "UTF-16"
+    try:
+        return raw.decode("utf-8-sig"), ""
+    except UnicodeDecodeError:
+        text = raw.decode("cp1252")  # raises for the five bytes it has no character for
+        if not text.lstrip().startswith("{"):
+            raise
+        return text, "Windows-1252"
+
+
 def notebook_from_bytes(raw: bytes) -> Tuple["nbformat.NotebookNode", List[str]]:
     """A learner's notebook from the file's bytes, forgiving what can be forgiven.
 
@@ -254,7 +362,7 @@ def notebook_from_bytes(raw: bytes) -> Tuple["nbformat.NotebookNode", List[str]]
         raise ValueError(f"the notebook is over {MAX_NOTEBOOK_BYTES // 2**20} MiB, the limit "
                          "(clear its outputs and submit again)")
     try:
-        text = raw.decode("utf-8-sig")
+        text, encoding = decoded(raw)
         data = json.loads(text)
     except (UnicodeDecodeError, ValueError):
         what = "empty" if not raw else "not JSON text (cut short, or another kind of file)"
@@ -265,6 +373,9 @@ def notebook_from_bytes(raw: bytes) -> Tuple["nbformat.NotebookNode", List[str]]
         raise ValueError("the file is JSON but not a Jupyter notebook (it has no list of "
                          "cells): submit the .ipynb file that Jupyter saves for your work")
     notes: List[str] = []
+    if encoding:
+        notes.append(f"the file was saved as {encoding} text, not UTF-8: it was read as "
+                     f"{encoding}")
     version = data.get("nbformat")
     if not isinstance(version, int) or isinstance(version, bool):
         if "worksheets" in data:  # the layout of versions 1 to 3
@@ -297,12 +408,13 @@ def notebook_from_bytes(raw: bytes) -> Tuple["nbformat.NotebookNode", List[str]]
             dropped += 1
             continue
         source = cell.get("source", "")
-        cell = {**cell, "source": "".join(map(str, source)) if isinstance(source, list)
-                else str(source),
+        source = "".join(map(str, source)) if isinstance(source, list) else str(source)
+        cell = {**cell, "source": source.replace("\r\n", "\n"),  # a Windows editor's line ends
                 "metadata": cell["metadata"] if isinstance(cell.get("metadata"), dict) else {}}
         cells.append(cell)
     if dropped:
-        notes.append(f"{dropped} damaged cell(s) of the file were left out")
+        notes.append(f"{plural(dropped, 'damaged cell')} of the file "
+                     f"{'was' if dropped == 1 else 'were'} left out")
     data["cells"] = cells
     return nbformat.from_dict(data), notes
 

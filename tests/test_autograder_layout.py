@@ -101,3 +101,98 @@ def test_read_submission_explains_what_is_wrong(tmp_path):
     with pytest.raises(ValueError, match="is not a Jupyter notebook"):
         read_submission(bad)
     assert read_submission(RELEASE).cells
+
+
+# --- a notebook handed in under another name -------------------------------------------------
+
+def _refs():
+    return {"demo": SourceNotebook.read(SOURCE, "demo").graded_view}
+
+
+def _other_assignment():
+    """A notebook of another assignment: its cells carry other grade ids."""
+    nb = released()
+    for cell in nb.cells:
+        if "nbgrader" in cell.metadata:
+            cell.metadata["nbgrader"]["grade_id"] = "other_" + cell.metadata["nbgrader"]["grade_id"]
+    return nb
+
+
+@pytest.mark.parametrize("name", ["demo (1)", "demo(2)", "demo-Copy1", "Copy of demo",
+                                  "demo - Copy", "demo 2", "Demo (1)"])
+def test_a_notebook_renamed_by_a_tool_is_graded_as_the_expected_one(tmp_path, name):
+    write(tmp_path, "bob", released(), notebook=name)
+    [found] = find_submissions(tmp_path, "demo", notebooks=["demo"], references=_refs())
+    assert (found.notebook, found.path.name) == ("demo", f"{name}.ipynb")
+    assert f"graded '{name}.ipynb' as demo.ipynb" in found.note
+
+
+def test_without_references_a_renamed_notebook_is_its_own_row(tmp_path):
+    write(tmp_path, "bob", released(), notebook="demo (1)")
+    found = find_submissions(tmp_path, "demo", notebooks=["demo"])
+    assert [(s.notebook, s.note) for s in found] == [("demo", ""), ("demo (1)", "")]
+
+
+def test_the_expected_notebook_wins_over_a_renamed_copy(tmp_path):
+    write(tmp_path, "bob", released())
+    write(tmp_path, "bob", released(), notebook="demo (1)")
+    found = find_submissions(tmp_path, "demo", notebooks=["demo"], references=_refs())
+    assert [(s.notebook, s.path.name, s.note) for s in found] == [
+        ("demo", "demo.ipynb", ""), ("demo (1)", "demo (1).ipynb", "")]
+
+
+def test_several_candidates_are_named_and_none_is_graded(tmp_path):
+    write(tmp_path, "bob", released(), notebook="demo (1)")
+    write(tmp_path, "bob", released(), notebook="demo (2)")
+    found = {s.notebook: s for s in find_submissions(tmp_path, "demo", notebooks=["demo"],
+                                                     references=_refs())}
+    assert sorted(found) == ["demo", "demo (1)", "demo (2)"]
+    assert not found["demo"].path.exists()
+    assert ("2 notebooks in the folder could be it ('demo (1).ipynb' and 'demo (2).ipynb'), "
+            "so none was graded") in found["demo"].note
+
+
+def test_another_name_with_the_cells_is_pointed_out_not_graded(tmp_path):
+    write(tmp_path, "bob", released(), notebook="my homework")
+    found = {s.notebook: s for s in find_submissions(tmp_path, "demo", notebooks=["demo"],
+                                                     references=_refs())}
+    assert not found["demo"].path.exists()
+    assert "rename it to demo.ipynb" in found["demo"].note
+
+
+@pytest.mark.parametrize("content", ["other assignment", "not a notebook", "no metadata"])
+def test_a_renamed_file_without_the_assignments_cells_stands_for_nothing(tmp_path, content):
+    nb = released()
+    if content == "no metadata":
+        for cell in nb.cells:
+            cell.metadata = {}
+    write(tmp_path, "bob", {"other assignment": _other_assignment(), "not a notebook": "{oops",
+                            "no metadata": nb}[content], notebook="demo (1)")
+    found = {s.notebook: s for s in find_submissions(tmp_path, "demo", notebooks=["demo"],
+                                                     references=_refs())}
+    assert sorted(found) == ["demo", "demo (1)"]
+    assert not found["demo"].path.exists() and found["demo"].note == ""
+
+
+@pytest.mark.parametrize("size, says", [
+    (20 * 2**20 + 1, "the notebook is 20.1 MiB; the limit is 20 MiB"),
+    (int(20.4 * 2**20), "the notebook is 20.4 MiB; the limit is 20 MiB"),
+    (25 * 2**20, "the notebook is 25.0 MiB; the limit is 20 MiB"),
+])
+def test_a_size_refusal_gives_the_size_with_one_decimal_never_the_limit(tmp_path, size, says):
+    from autograder.layout import submitted_bytes
+    big = tmp_path / "big.ipynb"
+    with big.open("wb") as handle:
+        handle.truncate(size)  # sparse: no disk used
+    with pytest.raises(ValueError) as refused:
+        submitted_bytes(big)
+    assert says in str(refused.value), refused.value
+
+
+def test_counts_have_their_nouns_in_the_right_number():
+    from autograder.layout import notebook_from_bytes, plural
+    assert [plural(n, "cell") for n in (0, 1, 2)] == ["0 cells", "1 cell", "2 cells"]
+    one = b'{"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": [1]}'
+    two = b'{"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": [1, "x"]}'
+    assert notebook_from_bytes(one)[1] == ["1 damaged cell of the file was left out"]
+    assert notebook_from_bytes(two)[1] == ["2 damaged cells of the file were left out"]
