@@ -6,9 +6,13 @@ ids, schema versions too old or too new, a notebook too new for nbformat, infini
 loops). Here each kind is built anew on this course's released notebooks, blank or with the
 reference answers typed in, next to the accidents honest learners have: an answer cell
 copied with Jupyter's copy and paste, cells dragged out of order, a file without its
-format version. ``expect`` says what a fair grader gives each: ``"full"`` (what the solved
-notebook gets), ``"blank"`` (what the unedited release gets; tampering may earn no more),
-and the ``grades.csv`` status; ``says`` is a phrase its message must hold.
+format version, an answer cell re-created without its metadata, a renamed download, other
+front ends' metadata (Colab, VS Code, JupyterLite), other line ends and encodings, cells split
+or merged, magics, a leftover ``input()``, large saved outputs (several after issues in
+nbgrader's tracker: #424, #1398, #1210, #1941). ``expect`` says what a fair grader gives
+each: ``"full"`` (what the solved notebook gets), ``"blank"`` (what the unedited release gets;
+tampering may earn no more), and the ``grades.csv`` status; ``says`` is a phrase its message
+must hold (``NAME``: the assignment's notebook name).
 
 tests/test_autograder_accidents.py grades them; benchmarks/accidents.py grades them with
 ``nbgrader autograde`` too, side by side.
@@ -22,7 +26,8 @@ from typing import Callable, Optional, Union
 
 import nbformat
 
-from tests.assignments import answer_cells, grade_cells, nbgrader_meta, release_notebook, submission
+from tests.assignments import (ASSIGNMENTS, answer_cells, grade_cells, nbgrader_meta,
+                               release_notebook, submission)
 
 
 @dataclass(frozen=True)
@@ -35,6 +40,8 @@ class Accident:
     expect: str = "full"                # "full" or "blank"
     status: str = "graded"
     says: str = ""                      # a phrase the grades.csv message must hold
+    files: tuple = ("{}.ipynb",)        # the file names it is handed in as ({}: the notebook)
+    other: bool = False                 # another assignment's notebook (the next one's)
 
 
 def _copy_answers(solution_in: int):
@@ -130,6 +137,160 @@ def _old_format(nb):
         worksheets=[nbformat.v3.new_worksheet(cells=cells)]), version=3).encode()
 
 
+def _fresh_cell(source: str):
+    """A cell the learner made (Insert > Cell, or pasted as text): no nbgrader metadata."""
+    return nbformat.v4.new_code_cell(source)
+
+
+def _recreate_answers(where: str = "in place", extra=None, split: bool = False):
+    """Every answer cell deleted and its work typed into fresh cells: in its place, or
+    above the text before it (``where="above"``); split into one cell per top-level
+    statement; with ``extra(nb)`` appended to the work (a trick)."""
+    def change(nb):
+        for cell in list(answer_cells(nb).values()):
+            source = cell.source + ("\n" + extra(nb) if extra else "")
+            if split:
+                import ast
+                lines = source.splitlines()
+                body = ast.parse(source).body
+                parts = ["\n".join(lines[s.lineno - 1 - len(s.decorator_list if hasattr(
+                    s, "decorator_list") else []):s.end_lineno]) for s in body]
+            else:
+                parts = [source]
+            at = nb.cells.index(cell)
+            nb.cells[at:at + 1] = [_fresh_cell(part) for part in parts]
+            if where == "above" and at > 0 and nb.cells[at - 1].cell_type == "markdown" \
+                    and not nbgrader_meta(nb.cells[at - 1]):
+                text = nb.cells.pop(at - 1)
+                nb.cells.insert(at - 1 + len(parts), text)
+    return change
+
+
+def _setup_names_redefined(nb):
+    """The trick: the given code's TEST_SEED and first helper redefined in the answer."""
+    import ast
+    setup = next(c for c in nb.cells if c.cell_type == "code" and nbgrader_meta(c).get("locked")
+                 and not nbgrader_meta(c).get("grade"))
+    helpers = [s.name for s in ast.parse(setup.source).body
+               if isinstance(s, (ast.FunctionDef, ast.ClassDef))]
+    return "TEST_SEED = 0" + "".join(f"\n{name} = None" for name in helpers[:1])
+
+
+def _visible_test(nb):
+    """The trick: the first visible test's code pasted under the answer."""
+    return next(c.source for c in grade_cells(nb).values() if "Visible" in c.source)
+
+
+def _colab(nb):
+    """As Colab saves it: its own notebook and cell metadata, the cell ids moved into the
+    cell metadata, format 4.0, the accelerator it ran on."""
+    nb.metadata = {"colab": {"provenance": [], "name": "assignment.ipynb"},
+                   "kernelspec": {"name": "python3", "display_name": "Python 3"},
+                   "language_info": {"name": "python"}, "accelerator": "GPU"}
+    nb.nbformat_minor = 0
+    for number, cell in enumerate(nb.cells):
+        cell.metadata["id"] = f"cOlAb{number:04d}"
+        cell.pop("id", None)
+        if cell.cell_type == "code":
+            cell.metadata["colab"] = {"base_uri": "https://localhost:8080/"}
+            cell.metadata["outputId"] = f"out{number:04d}"
+
+
+def _vscode(nb):
+    """As VS Code saves it: its interpreter's hash and a virtual environment's kernel."""
+    nb.metadata["vscode"] = {"interpreter": {"hash": "0" * 64}}
+    nb.metadata["kernelspec"] = {"name": ".venv", "display_name": ".venv", "language": "python"}
+    nb.metadata["language_info"] = {"name": "python", "version": "3.12.3",
+                                    "pygments_lexer": "ipython3"}
+    for cell in nb.cells:
+        cell.metadata["vscode"] = {"languageId": "python"}
+
+
+def _jupyterlite(nb):
+    """As JupyterLite saves it: the Pyodide kernel."""
+    nb.metadata["kernelspec"] = {"name": "python", "display_name": "Python (Pyodide)",
+                                 "language": "python"}
+    nb.metadata["language_info"] = {"name": "python", "version": "3.8",
+                                    "mimetype": "text/x-python"}
+
+
+def _old_jupyter(nb):
+    """As Jupyter before 2021 saved it: format 4.4, no cell ids."""
+    nb.nbformat_minor = 4
+    for cell in nb.cells:
+        cell.pop("id", None)
+
+
+def _crlf(nb):
+    """As a Windows editor re-saves it: CRLF line ends, in the file and in every source."""
+    for cell in nb.cells:
+        cell.source = cell.source.replace("\n", "\r\n")
+    return nbformat.writes(nb).replace("\n", "\r\n").encode()
+
+
+def _encoded(encoding: str):
+    def raw(nb):
+        nb.cells[0].source += "\n\nCafé, naïve, déjà vu."  # text a cp1252 file can hold
+        return nbformat.writes(nb).encode(encoding)
+    return raw
+
+
+def _answer_merged_with_test(nb):
+    """Shift+M on the answer cell and the visible test below it: one cell, the answer's
+    metadata, both sources."""
+    for cell in list(answer_cells(nb).values()):
+        at = nb.cells.index(cell)
+        below = next(c for c in nb.cells[at + 1:] if c.cell_type == "code")
+        cell.source = cell.source + "\n\n" + below.source
+        nb.cells.remove(below)
+
+
+def _answer_split_with_metadata(nb):
+    """Ctrl+Shift+- above the answer's last top-level statement (at its top, if it has only
+    one): two cells, each with the answer's metadata (the split copies it)."""
+    import ast
+    for cell in list(answer_cells(nb).values()):
+        lines = cell.source.splitlines()
+        last = ast.parse(cell.source).body[-1]
+        cut = min([last.lineno] + [d.lineno for d in getattr(last, "decorator_list", [])]) - 1
+        first, second = copy.deepcopy(cell), copy.deepcopy(cell)
+        first.source, second.source = "\n".join(lines[:cut]), "\n".join(lines[cut:])
+        second["id"] = f"{cell.get('id', 'x')}-2"[:64]
+        at = nb.cells.index(cell)
+        nb.cells[at:at + 1] = [first, second]
+
+
+def _answer_as_markdown(nb):
+    """The answer cell's type switched to Markdown by a stray key (M)."""
+    for cell in answer_cells(nb).values():
+        cell.cell_type = "markdown"
+        cell.pop("outputs", None)
+        cell.pop("execution_count", None)
+
+
+def _magics(nb):
+    """Magics and shell commands in the learner's cells: a timed answer and a pip line."""
+    for cell in answer_cells(nb).values():
+        cell.source = "%%time\n" + cell.source
+    nb.cells.insert(1, nbformat.v4.new_code_cell("!pip install torch\n%time x = sum(range(10))"))
+
+
+def _input_leftover(nb):
+    nb.cells.append(nbformat.v4.new_code_cell("name = input('Your name? ')\nprint(name)"))
+
+
+def _saved_outputs(mib: float):
+    """A learner's cell whose saved output (a plot, as base64) makes the file ``mib`` MiB."""
+    def raw(nb):
+        cell = nbformat.v4.new_code_cell("plot()")
+        cell.outputs = [nbformat.v4.new_output("display_data", data={"image/png": ""})]
+        nb.cells.append(cell)
+        size = len(nbformat.writes(nb).encode())
+        cell.outputs[0]["data"]["image/png"] = "A" * (int(mib * 2**20) - size)
+        return nbformat.writes(nb).encode()
+    return raw
+
+
 def _long_extra_cell(nb):
     nb.cells.append(nbformat.v4.new_code_cell("import time\ntime.sleep(10**6)  # forgot a break"))
 
@@ -155,8 +316,62 @@ ACCIDENTS = [
     Accident("no_nbformat_minor", "a file without its nbformat_minor key", True,
              raw=_without("nbformat_minor")),
     Accident("long_extra_cell", "a cell of the learner's own that never ends", True,
-             _long_extra_cell, says="no points depended on them"),
+             _long_extra_cell, says="1 cell ran past the per-cell time limit and was "
+             "interrupted; no points depended on it"),
+    Accident("answer_cell_recreated", "every answer cell deleted, its work typed into a fresh "
+             "cell in its place", True, _recreate_answers(), says="graded your cell"),
+    Accident("answer_recreated_above", "every answer cell deleted, its work typed into a fresh "
+             "cell above the exercise's text", True, _recreate_answers("above"),
+             says="graded your cell"),
+    Accident("answer_recreated_split", "every answer cell deleted, its work typed into fresh "
+             "cells, one per function", True, _recreate_answers(split=True),
+             says="graded your cell"),
+    Accident("renamed_download", "saved by the browser as a second download, NAME (1).ipynb",
+             True, files=("{} (1).ipynb",), says="graded 'NAME (1).ipynb' as NAME.ipynb"),
+    Accident("colab_copy", "saved from Colab's File > Save a copy, Copy of NAME.ipynb", True,
+             files=("Copy of {}.ipynb",), says="graded 'Copy of NAME.ipynb' as NAME.ipynb"),
+    Accident("two_downloads", "two renamed downloads, NAME (1) and NAME (2), and no NAME",
+             True, files=("{} (1).ipynb", "{} (2).ipynb"), expect="blank", status="invalid",
+             says="2 notebooks in the folder could be it"),
+    Accident("renamed_by_hand", "renamed by hand to homework.ipynb", True,
+             files=("homework.ipynb",), expect="blank", status="invalid",
+             says="rename it to NAME.ipynb"),
+    # --- other front ends, systems and habits -----------------------------------------------
+    Accident("colab", "saved by Colab (its metadata, cell ids in the metadata, format 4.0)",
+             True, _colab),
+    Accident("vscode", "saved by VS Code (its metadata, a .venv kernel)", True, _vscode),
+    Accident("jupyterlite", "saved by JupyterLite (the Pyodide kernel)", True, _jupyterlite),
+    Accident("old_jupyter", "saved by an older Jupyter (format 4.4, no cell ids)", True,
+             _old_jupyter),
+    Accident("crlf", "CRLF line ends, in the file and in every cell", True, raw=_crlf),
+    Accident("utf16", "re-saved as UTF-16 by a Windows tool", True, raw=_encoded("utf-16"),
+             says="saved as UTF-16 text"),
+    Accident("cp1252", "re-saved as Windows-1252 text (accents in it)", True,
+             raw=_encoded("cp1252"), says="saved as Windows-1252 text"),
+    Accident("answer_merged_with_test", "each answer cell merged with the test cell below it",
+             True, _answer_merged_with_test, says="was missing: the original was put back"),
+    Accident("answer_split", "each answer cell split in two, both halves keeping its metadata",
+             True, _answer_split_with_metadata, says="graded copy 2 of 2"),
+    Accident("answer_as_markdown", "each answer cell switched to Markdown", True,
+             _answer_as_markdown),
+    Accident("magics", "%%time on the answers, !pip install and %time in a cell of its own",
+             True, _magics),
+    Accident("input_leftover", "a leftover input() call in a cell of the learner's own", True,
+             _input_leftover),
+    Accident("large_outputs", "15 MiB of saved outputs (a plot)", True,
+             raw=_saved_outputs(15)),
+    Accident("too_large_outputs", "20.4 MiB of saved outputs", True, raw=_saved_outputs(20.4),
+             expect="blank", status="invalid", says="is 20.4 MiB; the limit is 20 MiB"),
     # --- tampering: never more than the blank release -------------------------------------
+    Accident("renamed_other_assignment", "another assignment's solved notebook, renamed NAME "
+             "(1).ipynb", True, files=("{} (1).ipynb",), other=True, expect="blank",
+             status="invalid", says="notebook not submitted"),
+    Accident("recreated_with_helpers", "answers re-created in fresh cells that also redefine "
+             "the given code's helpers", True, _recreate_answers(extra=_setup_names_redefined),
+             expect="blank", says="of the given code, so it was graded as unanswered"),
+    Accident("recreated_with_test", "answers re-created in fresh cells that also hold a copy "
+             "of a test cell", True, _recreate_answers(extra=_visible_test), expect="blank",
+             says="the code of a test cell, so it was graded as unanswered"),
     Accident("forged_points", "test cells claim 100 points, checksums forged", False,
              _forge_points, expect="blank"),
     Accident("edited_tests", "test cells edited to pass", False, _edit_tests, expect="blank",
@@ -184,6 +399,9 @@ ACCIDENTS = [
 
 def build(accident: Accident, assignment: str) -> Union[bytes, nbformat.NotebookNode]:
     """The file an accident hands in, for ``assignment``."""
+    if accident.other:  # the solved notebook of the next assignment, in this one's folder
+        names = sorted(ASSIGNMENTS)
+        assignment = names[(names.index(assignment) + 1) % len(names)]
     nb = submission(assignment, {}) if accident.solved else copy.deepcopy(
         release_notebook(assignment))
     stubs = answer_cells(release_notebook(assignment))
@@ -199,9 +417,12 @@ def build(accident: Accident, assignment: str) -> Union[bytes, nbformat.Notebook
 
 
 def write(accident: Accident, assignment: str, path) -> None:
+    """Hand the accident in where ``path`` (the expected notebook) is, under its file names."""
     made = build(accident, assignment)
     path.parent.mkdir(parents=True, exist_ok=True)
-    if isinstance(made, bytes):
-        path.write_bytes(made)
-    else:
-        nbformat.write(made, str(path))
+    for name in accident.files:
+        target = path.parent / name.format(path.stem)
+        if isinstance(made, bytes):
+            target.write_bytes(made)
+        else:
+            nbformat.write(made, str(target))
