@@ -32,7 +32,24 @@ def value(text: str):
 def _gelu(v):
     s = v["gelu_speedup"]
     return "faster" if s >= 1.10 else ("slower" if s <= 1 / 1.10
-                                       else "about as fast as eager code (within 10%)")
+                                       else "about as fast as eager code, within 10%")
+
+
+def _names(ops):
+    return " and ".join([", ".join(ops[:-1]), ops[-1]] if len(ops) > 1 else ops)
+
+
+def _decomp(v):
+    """hybridize: what run_decompositions() did to the exported graph, from the operators the
+    page found in each graph (and which of them carry torch.Tag.core)."""
+    if not v["exported_noncore"]:
+        return "had nothing to replace: the exported graph called only Core ATen operators"
+    if v["decomposed_noncore"]:
+        return f"left {_names(v['decomposed_noncore'])} in the graph, outside Core ATen"
+    replaced = [op for op in v["exported_noncore"] if op not in v["decomposed_ops"]]
+    added = [op for op in v["decomposed_ops"] if op not in v["exported_ops"]]
+    return (f"replaced {_names(replaced)} with {_names(added)}, "
+            "so the new graph calls only Core ATen operators")
 
 
 def _logging(v):
@@ -151,6 +168,7 @@ CLAIMS = [
      lambda v: ("a difference of less than 10% either way" if abs(v["mlp_speedup"] - 1) < 0.10
                 else "a difference of 10% or more"), False),
     ("chapters/hybridize", "gelu_verdict", _gelu, False),
+    ("chapters/hybridize", "decomp_verdict", _decomp, False),
     ("chapters/hybridize", "cpu_naive_verdict",
      lambda v: ("happens to give the right answer" if v["cpu_naive_share"] >= 90
                 else "falls well short of the real time"), False),
@@ -158,6 +176,10 @@ CLAIMS = [
      lambda v: ("came out right, since nothing was left to wait for" if v["reported_share"] >= 90
                 else "would have been far too flattering"), False),
     ("chapters/async-computation", "logging_verdict", _logging, False),
+    ("chapters/async-computation", "small_blocker_verdict",
+     lambda v: ("each of them added less than a tenth of a plain step's time"
+                if max(v["item_step_us"], v["numpy_step_us"]) < 0.1 * v["plain_step_us"]
+                else "at least one of them added a tenth of a plain step's time or more"), False),
     ("chapters/auto-parallelism", "lane_balance",
      lambda v: ("about equally long (the shorter took at least 80% of the longer's time)"
                 if v["lane_ideal"] >= 1.8 else
@@ -365,6 +387,12 @@ def test_the_rules_catch_a_verdict_that_disagrees():
     assert "2.60 GHz that /proc/cpuinfo reports" in _peak({**derived, "peak_share": 123.0,
                                                            "implied_ghz": 3.2})
     assert _peak({**derived, "peak_share": 80.0}).startswith("came within")
+    # hybridize once called torch.export's graph Core ATen; aten.linear is not in that set.
+    exported = {"exported_ops": ["aten.linear", "aten.relu"], "exported_noncore": ["aten.linear"],
+                "decomposed_ops": ["aten.addmm", "aten.permute", "aten.relu"],
+                "decomposed_noncore": []}
+    assert not _decomp(exported).startswith("had nothing to replace")
+    assert _decomp(exported).startswith("replaced aten.linear with aten.addmm and aten.permute")
 
 
 def test_every_verdict_a_page_glues_is_checked():
