@@ -63,13 +63,37 @@ def _logging(v):
 def _lanes(v):
     speedup, ideal = v["lane_speedup"], v["lane_ideal"]
     if speedup > 1.05 * ideal:
-        return ("a gain above what perfect overlap of the fastest sequential run allows, so "
-                "the lanes' own speed varied from run to run")
+        return ("the factor was above what perfect overlap of the fastest sequential run "
+                "allows, so the lanes' own speed varied from run to run")
     if speedup >= 0.9 * ideal:
-        return "close to perfect overlap (at least 90% of the ideal factor)"
+        return "the lanes overlapped almost perfectly, reaching at least 90% of the ideal factor"
     if speedup > 1:
-        return "partial overlap (a factor above 1 but below 90% of the ideal)"
-    return "no gain: running the lanes together was not faster"
+        return ("the lanes overlapped only in part: the factor was above 1 but below 90% of "
+                "the ideal one")
+    return "running the lanes together gained nothing: it was not faster than in turn"
+
+
+def _pipeline_bound(n, compute, copy_in_turn, copy_overlapped):
+    """auto-parallelism: two stages over n chunks, in turn against the best pipeline."""
+    return n * (compute + copy_in_turn) / (compute + copy_overlapped
+                                           + (n - 1) * max(compute, copy_overlapped))
+
+
+def _pipeline(v):
+    """auto-parallelism: the measured overlap factor against the bound for the page's chunks and
+    stage times (not against 2, the limit for endlessly many chunks)."""
+    bound = _pipeline_bound(v["n_chunks"], v["compute_ms"], v["copy_in_turn_ms"],
+                            v["copy_overlapped_ms"])
+    s = v["overlap_speedup"]
+    if s > 1.05 * bound:
+        return ("above that bound, so the stage times measured one by one did not predict "
+                "the runs: the version that works in turn lost time between its stages, or "
+                "the stages ran faster inside the runs")
+    if s >= 0.9 * bound:
+        return "close to that bound, at least 90% of it"
+    if s > 1:
+        return "above 1 but below 90% of that bound"
+    return "no gain at all: overlapping was not faster than computing and copying in turn"
 
 
 def _peak(v):
@@ -181,10 +205,11 @@ CLAIMS = [
                 if max(v["item_step_us"], v["numpy_step_us"]) < 0.1 * v["plain_step_us"]
                 else "at least one of them added a tenth of a plain step's time or more"), False),
     ("chapters/auto-parallelism", "lane_balance",
-     lambda v: ("about equally long (the shorter took at least 80% of the longer's time)"
+     lambda v: ("about equally long, the shorter taking at least 80% of the longer's time"
                 if v["lane_ideal"] >= 1.8 else
-                "of unequal length (the shorter took less than 80% of the longer's time)"), False),
+                "of unequal length, the shorter taking less than 80% of the longer's time"), False),
     ("chapters/auto-parallelism", "lane_verdict", _lanes, False),
+    ("chapters/auto-parallelism", "pipeline_verdict", _pipeline, False),
     ("chapters/hardware", "peak_verdict", _peak, False),
     ("chapters/hardware", "smallest_verdict",
      lambda v: "reached only" if v["smallest_share"] < 90 else "already reached", False),
@@ -294,6 +319,8 @@ CLAIMS += [
 # Counted facts the pages state (not measurements: they hold on any machine).
 FACTS = [
     ("chapters/hybridize", "block_flops", lambda v: 2 * 4 * 8 * 8 + 3 * 4 * 8),
+    # two equal stages over the page's 8 chunks: 2n/(n + 1) = 16/9, not 2
+    ("chapters/auto-parallelism", "equal_stage_bound", lambda v: 2 * 8 / (8 + 1)),
     ("chapters/parameter-server", "ring_vectors_sent", lambda v: 2 * (4 - 1) / 4),
     ("chapters/parameter-server", "ring_vectors_sent_2", lambda v: 2 * (2 - 1) / 2),
     ("chapters/parameter-server", "ring_vectors_sent_16", lambda v: 2 * (16 - 1) / 16),
@@ -387,6 +414,10 @@ def test_the_rules_catch_a_verdict_that_disagrees():
     assert "2.60 GHz that /proc/cpuinfo reports" in _peak({**derived, "peak_share": 123.0,
                                                            "implied_ghz": 3.2})
     assert _peak({**derived, "peak_share": 80.0}).startswith("came within")
+    # auto-parallelism once compared its factor with 2; 8 equal chunks allow 16/9
+    assert _pipeline_bound(8, 1.0, 1.0, 1.0) == pytest.approx(16 / 9)
+    assert _pipeline({"n_chunks": 8, "compute_ms": 1.0, "copy_in_turn_ms": 1.0,
+                      "copy_overlapped_ms": 1.0, "overlap_speedup": 1.70}).startswith("close to")
     # hybridize once called torch.export's graph Core ATen; aten.linear is not in that set.
     exported = {"exported_ops": ["aten.linear", "aten.relu"], "exported_noncore": ["aten.linear"],
                 "decomposed_ops": ["aten.addmm", "aten.permute", "aten.relu"],

@@ -71,6 +71,12 @@ def test_async_page_measures_the_queue_and_the_blockers(page_outputs):
     assert toy and toy.group(1) == toy.group(2)
     for blocker in ["no blocker", "out[0, 0].item()", "print(out[0, 0])", "out[0, 0].cpu().numpy()"]:
         assert blocker in text
+    # The per-step costs the sentence on .item() and .numpy() quotes come from the table's
+    # fastest runs, not from a claim of "a few microseconds".
+    for name in ["plain_step_us", "item_step_us", "numpy_step_us"]:
+        assert name in values
+    if not torch.cuda.is_available():  # the book was built on this machine
+        assert "non_blocking=True changes nothing" in text
     assert "torch.cuda.synchronize()" in text or "dlperf.synchronize(dev)" in text
     assert number(values, "toy_submitted_ms") < number(values, "toy_finished_ms")
 
@@ -85,6 +91,14 @@ def test_auto_parallelism_runs_two_lanes_and_the_copy_pipeline(page_outputs):
     assert number(values, "lane_speedup") > 0
     assert "one after another" in text and "together" in text
     assert number(values, "overlap_speedup") > 0
+    # The overlap factor is judged against the bound for the page's chunks and stage times,
+    # n(a + b) / (a + b' + (n - 1) max(a, b')), which for 8 equal chunks is 16/9, not 2.
+    n, a = number(values, "n_chunks"), number(values, "compute_ms")
+    b, b_overlapped = number(values, "copy_in_turn_ms"), number(values, "copy_overlapped_ms")
+    bound = n * (a + b) / (a + b_overlapped + (n - 1) * max(a, b_overlapped))
+    assert number(values, "pipeline_bound") == pytest.approx(bound)
+    assert number(values, "equal_stage_bound") == pytest.approx(2 * n / (n + 1))
+    assert "approaches 2" not in text
 
 
 @pytest.mark.integration
@@ -128,6 +142,23 @@ def test_synchronized_gpu_time_exceeds_unsynchronized():
 
 
 @pytest.mark.gpu
+def test_reading_a_non_blocking_copy_before_synchronizing_sees_unfinished_data():
+    """async-computation's trap: a non_blocking copy to pinned memory is only queued, so the
+    host tensor read before synchronizing still holds what it held before."""
+    ones = torch.ones(2**24, device="cuda")
+    landing = torch.zeros(2**24, pin_memory=True)
+    busy = torch.randn(4096, 4096, device="cuda")
+    torch.cuda.synchronize()
+    for _ in range(50):
+        busy @ busy
+    landing.copy_(ones, non_blocking=True)
+    before = (landing == 1).float().mean().item()
+    torch.cuda.synchronize()
+    assert before < 1.0
+    assert torch.equal(landing, torch.ones(2**24))
+
+
+@pytest.mark.gpu
 def test_pinned_non_blocking_copy_on_a_side_stream_arrives_intact():
     """The pattern of auto-parallelism's overlapped pipeline: wait_stream, pinned memory, non_blocking."""
     compute = torch.cuda.current_stream()
@@ -154,6 +185,8 @@ def test_page_runs_on_the_gpu(name, monkeypatch):
     assert "GPU(s)" in text
     if name == "async-computation":
         assert number(values, "reported_share") < 100  # the queue hid most of the work
+        early = re.search(r"read before synchronizing: (\d+)%; after synchronizing: (\d+)%", text)
+        assert early and int(early.group(1)) < 100 and early.group(2) == "100"
     if name == "hardware":
         assert "pinned -> GPU" in text
     if name == "auto-parallelism":
