@@ -48,10 +48,12 @@ def test_hybridize_compiles_scripts_and_exports_faithfully(page_outputs):
 
     exported_ops = ast.literal_eval(values["exported_ops"])
     decomposed_ops = ast.literal_eval(values["decomposed_ops"])
-    assert "aten.linear" in exported_ops and "aten.linear" in ast.literal_eval(values["exported_noncore"])
+    assert "aten.linear" in exported_ops
+    assert "aten.linear" in ast.literal_eval(values["exported_noncore"])
     assert printed_ops("print(exported.graph_module.code)") == exported_ops
     assert printed_ops("print(core_program.graph_module.code)") == decomposed_ops
-    assert "aten.linear" not in decomposed_ops and ast.literal_eval(values["decomposed_noncore"]) == []
+    assert "aten.linear" not in decomposed_ops
+    assert ast.literal_eval(values["decomposed_noncore"]) == []
     assert {"aten.addmm", "aten.permute"} <= set(decomposed_ops)  # what the prose names
     assert values["decomp_verdict"].strip("'").startswith("replaced aten.linear with")
     assert "reloaded in a fresh process" in text
@@ -182,7 +184,7 @@ def test_page_runs_on_the_gpu(name, monkeypatch):
     """Execute the page on CUDA (quick profile): its GPU-only branches must run too."""
     nb = execute_chapter(name, monkeypatch, timeout=600)
     text, values = page_text(nb), glued(nb)
-    assert "GPU(s)" in text
+    assert re.search(r"\d+ GPUs?: ", text)  # page_setup's line names the GPUs it found
     if name == "async-computation":
         assert number(values, "reported_share") < 100  # the queue hid most of the work
         early = re.search(r"read before synchronizing: (\d+)%; after synchronizing: (\d+)%", text)
