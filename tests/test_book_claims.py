@@ -379,12 +379,17 @@ LOOPED = set()
 QUOTED_ELSEWHERE = set()
 
 
+SMART_QUOTES = str.maketrans({"\u2018": "'", "\u2019": "'", "\u201c": '"', "\u201d": '"'})
+
+
 def page_values(executed_page, page: str) -> dict:
     return {name: value(text) for name, text in glued(executed_page(page), page).items()}
 
 
 def rendered(built_book, page: str) -> str:
     text = html_lib.unescape(re.sub(r"<[^>]+>", "", (built_book.html / f"{page}.html").read_text()))
+    # Sphinx's smart quotes print a glued "step's" as "step’s"; the sentence is still the same.
+    text = text.translate(SMART_QUOTES)
     return re.sub(r"\s+", " ", text)
 
 
