@@ -3,6 +3,7 @@
 The integration tests read the page as the book build executed it; the GPU test
 executes the page on CUDA, where the kernel counts and the synchronizations exist.
 """
+import ast
 import re
 
 import pytest
@@ -43,7 +44,7 @@ def test_wrapper_rows_named_in_the_text_are_in_the_printed_table(page_outputs):
     """The text names only wrapper rows of compiled code that its printed table shows."""
     nb, text, values = page_outputs(PAGE)
     compiled_table = text.split("compiled step, 5 profiled steps")[1].split("Self CPU time total")[0]
-    names = values["wrapper_names"]
+    names = ast.literal_eval(values["wrapper_names"])  # glued as text, e.g. "['CompiledFunction']"
     assert isinstance(names, list)
     for name in names:
         assert name in compiled_table
