@@ -113,6 +113,8 @@ def test_hardware_keeps_quoted_and_measured_numbers_apart(page_outputs):
         assert source in text
     assert "data caches reported" in text
     assert figures(nb) >= 5
+    # Copy rates are quoted at the largest transfer, not only as a best over sizes that fit a cache.
+    assert "at the largest size" in text and values["transfer_largest"].strip("'") in text
     assert "peak" in values["flops_summary"]
     assert number(values, "stride_ratio") > 0 and number(values, "cache_ratio") > 0
     # NVLink against PCIe is computed from the quoted rates, one direction each: about seven
