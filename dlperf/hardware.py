@@ -212,8 +212,8 @@ def fp32_vector_units(flags: set, vendor: str = "", family: Optional[int] = None
                                "AMD Zen 4 splits a 512-bit FMA over its two 256-bit pipes: "
                                "one 512-bit FMA per cycle")
         return VectorUnits("AVX-512", "avx512f", 16, 2,
-                           "two 512-bit FMA units, as Xeon Scalable processors from Skylake on "
-                           "have; some models have one")
+                           "two 512-bit FMA units, the most an x86 core has (many Intel "
+                           "server cores and AMD Zen 5 have two); some models have one")
     if "avx2" in flags and "fma" in flags:
         return VectorUnits("AVX2 + FMA", "avx2, fma", 8, 2, "two 256-bit FMA units, as every "
                            "Intel core since Haswell and AMD Zen 2 and later have")

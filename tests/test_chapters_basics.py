@@ -92,6 +92,9 @@ def test_auto_parallelism_runs_two_lanes_and_the_copy_pipeline(page_outputs):
     assert 1.0 <= number(values, "lane_ideal") <= 2.0 + 1e-9
     assert number(values, "lane_speedup") > 0
     assert "one after another" in text and "together" in text
+    if expected == "two CPU workers":  # the fair CPU baseline: one lane at a time, all threads
+        assert "one after another, all threads" in text
+        assert number(values, "threads_ratio") > 0
     assert number(values, "overlap_speedup") > 0
     # The overlap factor is judged against the bound for the page's chunks and stage times,
     # n(a + b) / (a + b' + (n - 1) max(a, b')), which for 8 equal chunks is 16/9, not 2.
@@ -110,6 +113,8 @@ def test_hardware_keeps_quoted_and_measured_numbers_apart(page_outputs):
         assert source in text
     assert "data caches reported" in text
     assert figures(nb) >= 5
+    # Copy rates are quoted at the largest transfer, not only as a best over sizes that fit a cache.
+    assert "at the largest size" in text and values["transfer_largest"].strip("'") in text
     assert "peak" in values["flops_summary"]
     assert number(values, "stride_ratio") > 0 and number(values, "cache_ratio") > 0
     # NVLink against PCIe is computed from the quoted rates, one direction each: about seven
