@@ -220,12 +220,6 @@ CLAIMS = [
     ("chapters/multiple-gpus", "growth_verdict",
      lambda v: ("had grown to" if v["final_difference"] > v["step_difference"] else "was still"),
      False),
-    ("chapters/multiple-gpus-concise", "ddp_acc_gap_verdict",
-     lambda v: ("within 0.02 of each other" if v["ddp_acc_gap"] <= 0.02
-                else "more than 0.02 apart"), False),
-    ("chapters/multiple-gpus-concise", "ddp_acc_swing_verdict",
-     lambda v: "no larger than" if v["ddp_acc_gap"] <= v["ddp_acc_swing"] else "larger than",
-     False),
     ("chapters/multiple-gpus-concise", "ddp_checksum_verdict",
      lambda v: ("one and the same checksum, so they hold the very same model, bit for bit"
                 if v["ddp_distinct"] == 1

@@ -59,7 +59,7 @@ def test_multiple_gpus_concise(page_outputs):
     assert number(values, "ddp_acc_last") > 0.3
     assert number(values, "ddp_sec_first") > 0 and number(values, "ddp_sec_last") > 0
     assert number(values, "ddp_distinct") == 1
-    assert "all ranks hold bit-identical parameters: True" in text
+    assert "all ranks hold bit-identical parameters and buffers: True" in text
     assert "SYNTHETIC" in text
     assert figures(nb) >= 1
 
