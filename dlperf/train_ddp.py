@@ -138,7 +138,11 @@ def main(argv=None) -> None:
     # Batches in pinned (page-locked) host memory can be copied to a GPU asynchronously;
     # from ordinary memory, non_blocking=True below would change nothing. No GPU, no pinning.
     pin = device.type == "cuda"
-    train_loader = DataLoader(train_set, per_process_batch, sampler=sampler, pin_memory=pin)
+    # With a GPU, two worker processes decode and convert the images while the GPU trains;
+    # without one, they would only take cores from the training processes.
+    workers = 2 if device.type == "cuda" else 0
+    train_loader = DataLoader(train_set, per_process_batch, sampler=sampler, pin_memory=pin,
+                              num_workers=workers, persistent_workers=workers > 0)
     test_loader = DataLoader(test_shard(test_set, rank, world_size), 256, pin_memory=pin)
 
     # A fresh model, initialized explicitly and identically on every rank (same seed);

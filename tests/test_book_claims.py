@@ -226,11 +226,11 @@ CLAIMS = [
     ("chapters/hardware", "smallest_verdict",
      lambda v: "reached only" if v["smallest_share"] < 90 else "already reached", False),
     ("chapters/hardware", "drop_verdict", _drop_prefix, True),
-    ("chapters/multiple-gpus-concise", "ddp_acc_gap_verdict",
-     lambda v: ("within 0.02 of each other" if v["ddp_acc_gap"] <= 0.02
-                else "more than 0.02 apart"), False),
-    ("chapters/multiple-gpus-concise", "ddp_acc_swing_verdict",
-     lambda v: "no larger than" if v["ddp_acc_gap"] <= v["ddp_acc_swing"] else "larger than",
+    ("chapters/multiple-gpus", "replica_verdict",
+     lambda v: ("are bit-identical" if v["replica_difference"] == 0
+                else f"differ by at most {v['replica_difference']:.1e}"), False),
+    ("chapters/multiple-gpus", "growth_verdict",
+     lambda v: ("had grown to" if v["final_difference"] > v["step_difference"] else "was still"),
      False),
     ("chapters/multiple-gpus-concise", "ddp_checksum_verdict",
      lambda v: ("one and the same checksum, so they hold the very same model, bit for bit"
@@ -342,6 +342,10 @@ FACTS = [
     ("chapters/parameter-server", "one_over_ring_16", lambda v: 16 / 2),
     ("chapters/multiple-gpus", "tp_exchanges", lambda v: 2),  # one allreduce per pair of layers
     ("chapters/multiple-gpus", "column_exchanges", lambda v: 4),  # one all-gather per layer
+    # numbers each device puts into the exchanges: 2 allreduces of 8 x 16 outputs; all-gathers
+    # of its 8 x 32 hidden and 8 x 8 output columns per pair
+    ("chapters/multiple-gpus", "tp_numbers", lambda v: 2 * 8 * 16),
+    ("chapters/multiple-gpus", "column_numbers", lambda v: 2 * (8 * 32 + 8 * 8)),
     ("chapters/performance-model", "add_intensity", lambda v: 1 / 12),
     ("chapters/performance-model", "gelu_flops_per_element", lambda v: 8),
     ("chapters/performance-model", "gelu_eager_bytes_per_element", lambda v: 72),

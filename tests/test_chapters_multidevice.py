@@ -24,6 +24,8 @@ def test_multiple_gpus_from_scratch(page_outputs):
     # one step on two devices equals one step on one device, up to rounding
     assert number(values, "step_difference") < 1e-4
     assert "largest difference between the two replicas: 0.0e+00" in text
+    # the two runs' parameters after training are compared too, not only after one step
+    assert "largest parameter difference, 1 device vs 2 devices, after " in text
     # both runs learned (chance is 0.1), kept learning after the first epoch, and were timed
     for k in (1, 2):
         assert number(values, f"acc_{k}") > 0.5
@@ -57,7 +59,7 @@ def test_multiple_gpus_concise(page_outputs):
     assert number(values, "ddp_acc_last") > 0.3
     assert number(values, "ddp_sec_first") > 0 and number(values, "ddp_sec_last") > 0
     assert number(values, "ddp_distinct") == 1
-    assert "all ranks hold bit-identical parameters: True" in text
+    assert "all ranks hold bit-identical parameters and buffers: True" in text
     assert "SYNTHETIC" in text
     assert figures(nb) >= 1
 
