@@ -304,8 +304,11 @@ def _prof_step(v):
 
 
 def _prof_products(v):
-    found = v["compiled_products"]
-    return "calls " + " and ".join(found) if found else "calls neither aten::mm nor aten::addmm"
+    found, eager = v["compiled_products"], v["eager_products"]
+    if found and found == eager:
+        return f"still calls {' and '.join(found)}, like the eager step"
+    said = "calls " + " and ".join(found) if found else "calls neither aten::mm nor aten::addmm"
+    return said + ", where the eager step calls " + (" and ".join(eager) or "neither of them")
 
 
 _PROF = "chapters/profiling"
@@ -318,10 +321,6 @@ CLAIMS += [
                 else f"{v['fused_still_called']} of the 4 are still called"), False),
     (_PROF, "products_verdict", _prof_products, False),
     (_PROF, "self_check_verdict", lambda v: "agree" if v["self_gap_pct"] <= 1.0 else "disagree", False),
-    (_PROF, "label_verdict",
-     lambda v: ("at least 90% of it was spent in the operators under the label"
-                if v["forward_self_share"] <= 10
-                else "more than 10% of it was spent outside any recorded operator"), False),
     (_PROF, "overhead_verdict",
      lambda v: ("more than 10% slower under the profiler" if v["eager_overhead"] > 1.10
                 else "within 10% of its unprofiled time"), False),
