@@ -162,8 +162,8 @@ def _pm_tanh_test(v):
                 "comparison cannot tell the tanh's arithmetic from other costs")
     if v["tanh_share"] < 50:
         return ("the addition streamed at its roof while the tanh, which moves no more bytes per "
-                "element, stayed under half of its roof: on this run the tanh's arithmetic, not "
-                "memory, set its speed")
+                "element, stayed under half of its roof: on this run something other than "
+                "memory, most likely the tanh's arithmetic, set its speed")
     return ("the tanh reached at least half of its roof, close enough to the addition that on "
             "this run its arithmetic kept up with memory")
 
@@ -214,8 +214,8 @@ def _pm_gelu_bound(v):
     """performance-model: the ratio of the roofs predicts fusion's gain only where both GELU
     points reach at least half of their roofs."""
     if min(v["gelu_eager_share"], v["gelu_compiled_share"]) < 50:
-        return ("at least one of the two stayed under half of its roof, so something other than "
-                "its roof held it back, and the ratio of the roofs predicts nothing for this run")
+        return ("at least one of the two stayed under half of its roof, held back by something "
+                "the roofline leaves out, so the ratio of the roofs predicts nothing for this run")
     if v["gelu_speedup"] >= 0.8 * v["gelu_roof_ratio"]:
         return ("both reached at least half of their roofs, and the gain came to at least 80% of "
                 "the predicted one")
