@@ -86,6 +86,6 @@ def test_page_runs_on_the_gpu(monkeypatch):
     assert "v.sum()" not in flagged  # a reduction's output shape is known: it stays queued
     assert "host.to(dev, non_blocking=True)" not in flagged  # pinned memory: queued, no wait
     assert int(values["sync_calls_total"]) > 0
-    assert int(values["item_waits"]) > 0  # .item() copies into pageable memory: it waits
+    assert int(values["item_waits"]) > 0  # .item() makes a blocking copy: it waits
     assert int(values["pinned_copy_waits"]) == 0  # a cudaMemcpyAsync from pinned memory does not
     assert word(values, "sync_verdict").startswith("found ")
