@@ -85,6 +85,9 @@ _UNREADABLE = {
                              r"(:|\s+\[))", re.MULTILINE),
     "a traceback": re.compile(r"Traceback \(most recent call last\)"),
     "a plural in parentheses": re.compile(r"\w\(s\)"),
+    # A cell whose last line returns a tensor or a matplotlib artist shows its repr.
+    "a tensor's repr": re.compile(r"\btensor\(.*grad_fn=<"),
+    "a plot object's repr": re.compile(r"^\[?(Text|Annotation|Line2D)\(", re.MULTILINE),
 }
 HIDDEN = {"remove-cell", "remove-input"}
 VERDICT_NAME = re.compile(r"_(verdict|balance|margin)$")
