@@ -346,6 +346,16 @@ FACTS += [(_MP, name, lambda v, b=b: b) for name, b in [
     ("mixed_adam_bpp", 8)]]
 
 _DDP = "chapters/ddp-internals"
+
+
+def _ddp_ties(ms):
+    """ddp-internals: the bucket sizes whose fastest step came within 5% of the fastest one's."""
+    fastest = min(ms, key=ms.get)
+    tied = [f"{cap:g}" for cap in sorted(ms) if cap != fastest and ms[cap] <= 1.05 * ms[fastest]]
+    return (f"{' and '.join(tied)} MiB came within 5% of it, a tie on this run" if tied
+            else "no other setting came within 5% of it")
+
+
 CLAIMS += [
     (_DDP, "overlap_verdict",
      lambda v: ("most of the allreduce time, at least half, ran while the backward pass was "
@@ -362,6 +372,13 @@ CLAIMS += [
      lambda v: ("mattered: the slowest setting took more than 5% longer than the fastest"
                 if v["sweep_spread"] > 1.05
                 else "made no difference beyond 5% between the settings"), False),
+    (_DDP, "sweep_tie_verdict", lambda v: _ddp_ties(v["sweep_ms"]), False),
+    (_DDP, "ddp_extra_verdict",
+     lambda v: ("exactly 16 bytes for each parameter" if v["ddp_extra_bytes"] == 0 else
+                f"16 bytes for each parameter and {v['ddp_extra_bytes']} bytes besides, 4 for "
+                f"each of the {v['param_tensors']} parameter tensors: Adam's step counters"
+                if v["ddp_extra_bytes"] == 4 * v["param_tensors"] else
+                f"16 bytes for each parameter and {v['ddp_extra_bytes']} bytes besides"), False),
 ]
 FACTS += [(_DDP, "zero1_8", lambda v: 2 + 2 + 12 / 8), (_DDP, "zero2_8", lambda v: 2 + 14 / 8),
           (_DDP, "zero3_8", lambda v: 16 / 8),
