@@ -298,7 +298,17 @@ CLAIMS += [
     (_MP, "autocast_verdict",
      _mp_time("autocast_speedup", "faster than float32", "slower than float32",
               "about as fast as float32, within 10%"), False),
-    (_MP, "autocast_act_verdict", lambda v: "less" if v["act_ratio"] < 1 else "not less", False),
+    (_MP, "autocast_act_verdict",
+     lambda v: "fewer than in float32" if v["act_ratio"] < 1 else "no fewer than in float32", False),
+    (_MP, "autocast_case_verdict",
+     lambda v: ("ran on a GPU, the first case" if v["on_gpu"] else
+                f"ran on a CPU that lists bfloat16 instructions, {' and '.join(v['bf16_flags'])}"
+                if v["bf16_flags"] else
+                "ran on a CPU that lists no bfloat16 instructions, the slow case"), False),
+    (_MP, "accum_rounding_verdict",
+     lambda v: ("less than ten times float32's machine epsilon, what adding in another order "
+                "leaves" if v["accum_rel_diff"] < 10 * v["fp32_eps"]
+                else "ten times float32's machine epsilon or more"), False),
     (_MP, "precision_verdict",
      lambda v: "below" if max(v["output_error"], v["grad_error"]) < v["bf16_eps"] else "above",
      False),
