@@ -299,7 +299,8 @@ CLAIMS += [
      _mp_time("autocast_speedup", "faster than float32", "slower than float32",
               "about as fast as float32, within 10%"), False),
     (_MP, "autocast_act_verdict",
-     lambda v: "fewer than in float32" if v["act_ratio"] < 1 else "no fewer than in float32", False),
+     lambda v: ("fewer bytes under autocast" if v["act_ratio"] < 1
+                else "no fewer bytes under autocast"), False),
     (_MP, "autocast_case_verdict",
      lambda v: ("ran on a GPU, the first case" if v["on_gpu"] else
                 f"ran on a CPU that lists bfloat16 instructions, {' and '.join(v['bf16_flags'])}"
