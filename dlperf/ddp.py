@@ -364,24 +364,24 @@ def buckets_job(rank: int, world_size: int, config: dict) -> Optional[dict]:
     X, y = _batch(config, device, seed=rank)
     buckets = {}
     for cap in config["caps"]:
-        ddp = _ddp(copy.deepcopy(model), device, bucket_cap_mb=cap)
-        copy_names = {id(p): names[id(q)] for p, q in zip(ddp.module.parameters(),
+        ddp_model = _ddp(copy.deepcopy(model), device, bucket_cap_mb=cap)
+        copy_names = {id(p): names[id(q)] for p, q in zip(ddp_model.module.parameters(),
                                                           model.parameters())}
         record: list = []
-        ddp.register_comm_hook(record, _recording_hook)
+        ddp_model.register_comm_hook(record, _recording_hook)
         for _ in range(2):
             record.clear()
-            _loss(ddp(X), y).backward()
+            _loss(ddp_model(X), y).backward()
         buckets[cap] = [[copy_names[i] for i in ids] for _, ids, _ in sorted(record)]
 
     os.environ.setdefault("KINETO_LOG_LEVEL", "99")  # keep the profiler's log lines quiet
     from torch.profiler import ProfilerActivity, profile, record_function
-    ddp = _ddp(copy.deepcopy(model), device, bucket_cap_mb=config["trace_cap"])
-    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    ddp_model = _ddp(copy.deepcopy(model), device, bucket_cap_mb=config["trace_cap"])
+    optimizer = torch.optim.SGD(ddp_model.parameters(), lr=0.01)
 
     def step():
         with record_function("ddp forward"):
-            loss = _loss(ddp(X), y)
+            loss = _loss(ddp_model(X), y)
             synchronize(device)
         with record_function("ddp backward"):
             loss.backward()
@@ -420,17 +420,17 @@ def accumulation_job(rank: int, world_size: int, config: dict) -> Optional[dict]
     # Micro-batch j of rank r is block j * world_size + r of the large batch.
     blocks = [(X[i * b:(i + 1) * b], y[i * b:(i + 1) * b]) for i in range(world_size * k)]
     mine = [blocks[j * world_size + rank] for j in range(k)]
-    ddp = _ddp(model, device, bucket_cap_mb=config["trace_cap"])
+    ddp_model = _ddp(model, device, bucket_cap_mb=config["trace_cap"])
     record: list = []
-    ddp.register_comm_hook(record, _recording_hook)
+    ddp_model.register_comm_hook(record, _recording_hook)
 
     # ACCUMULATE-START
     def accumulate(use_no_sync: bool):
-        ddp.zero_grad(set_to_none=True)
+        ddp_model.zero_grad(set_to_none=True)
         for j, (Xj, yj) in enumerate(mine):
             last = j == k - 1
-            with ddp.no_sync() if (use_no_sync and not last) else nullcontext():
-                (_loss(ddp(Xj), yj) / k).backward()  # each micro-batch weighs 1/k
+            with ddp_model.no_sync() if (use_no_sync and not last) else nullcontext():
+                (_loss(ddp_model(Xj), yj) / k).backward()  # each micro-batch weighs 1/k
         synchronize(device)
     # ACCUMULATE-END
 
@@ -440,7 +440,7 @@ def accumulation_job(rank: int, world_size: int, config: dict) -> Optional[dict]
         record.clear()
         accumulate(mode)
         result[mode] = {"allreduces": len(record),
-                        "grads": [p.grad.detach().clone() for p in ddp.module.parameters()]}
+                        "grads": [p.grad.detach().clone() for p in ddp_model.module.parameters()]}
     _loss(reference(X), y).backward()  # one step on the whole large batch, no DDP
     expected = [p.grad for p in reference.parameters()]
     checks = {}
@@ -473,11 +473,11 @@ def bucket_sweep_job(rank: int, world_size: int, config: dict) -> Optional[dict]
     X, y = _batch(config, device, seed=rank)
     runs = {}
     for cap in config["sweep"]:
-        ddp = _ddp(copy.deepcopy(model), device, bucket_cap_mb=cap)
-        optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01)
+        ddp_model = _ddp(copy.deepcopy(model), device, bucket_cap_mb=cap)
+        optimizer = torch.optim.SGD(ddp_model.parameters(), lr=0.01)
 
-        def step(ddp=ddp, optimizer=optimizer):
-            _loss(ddp(X), y).backward()
+        def step(ddp_model=ddp_model, optimizer=optimizer):
+            _loss(ddp_model(X), y).backward()
             optimizer.step()
             optimizer.zero_grad()
             synchronize(device)
@@ -531,21 +531,22 @@ def sharding_job(rank: int, world_size: int, config: dict) -> dict:
     mesh = init_device_mesh(device.type, (world_size,))
     setup = "DDP + Adam"
     with AllocationPeak(device) as peak:
-        ddp = _ddp(copy.deepcopy(base), device)
-        adam = torch.optim.Adam(ddp.parameters(), lr=lr)
-        train(ddp, adam, setup)
+        ddp_model = _ddp(copy.deepcopy(base), device)
+        adam = torch.optim.Adam(ddp_model.parameters(), lr=lr)
+        train(ddp_model, adam, setup)
     peaks[setup] = peak.peak_bytes
-    results[setup], finals[setup] = held_bytes(ddp, adam), full_parameters(ddp)
-    del ddp, adam
+    results[setup], finals[setup] = held_bytes(ddp_model, adam), full_parameters(ddp_model)
+    del ddp_model, adam
 
     setup = "DDP + ZeroRedundancyOptimizer"
     with AllocationPeak(device) as peak:
-        ddp = _ddp(copy.deepcopy(base), device)
-        zero = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.Adam, lr=lr)
-        train(ddp, zero, setup)
+        ddp_model = _ddp(copy.deepcopy(base), device)
+        zero = ZeroRedundancyOptimizer(ddp_model.parameters(), optimizer_class=torch.optim.Adam,
+                                       lr=lr)
+        train(ddp_model, zero, setup)
     peaks[setup] = peak.peak_bytes
-    results[setup], finals[setup] = held_bytes(ddp, zero), full_parameters(ddp)
-    del ddp, zero
+    results[setup], finals[setup] = held_bytes(ddp_model, zero), full_parameters(ddp_model)
+    del ddp_model, zero
 
     setup = "FSDP2 fully_shard + Adam"
     with AllocationPeak(device) as peak:
@@ -570,8 +571,8 @@ PARTS = {"buckets": buckets_job, "accumulation": accumulation_job, "sweep": buck
 
 def page_job(rank: int, world_size: int, config: dict) -> dict:
     """The jobs named in ``config['parts']`` (keys of :data:`PARTS`), one after the other in
-    the same processes and process group: the first DDP model a process builds costs
-    seconds (DDP imports torch's compiler stack), so the page launches its workers once."""
+    the same processes and process group: the first DDP model a process builds takes a while
+    (DDP imports torch's compiler stack), so the page launches its workers once."""
     results = {"started": time.time()}
     start = time.perf_counter()
     _ddp(nn.Linear(1, 1).to(_device(config)), _device(config))  # pays for the imports once

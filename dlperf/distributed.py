@@ -313,16 +313,41 @@ def ring_trace_job(rank: int, world_size: int, length: int) -> dict:
             "float_max_diff": float((ring_float - gloo_float).abs().max())}
 
 
+def _timing_device(group=None) -> torch.device:
+    """Where ``group``'s collectives take their tensors: this process's GPU under NCCL, else
+    the CPU. (A group started with plain "nccl" has a backend for CUDA tensors only: a CPU
+    tensor handed to its collectives raises.)"""
+    if dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _finish(result: object = None) -> None:
+    """Wait until a collective has finished: its ``Work`` handle if it returned one
+    (``async_op=True``), then the kernels queued on this process's GPU, if it uses one.
+    An NCCL collective, like any CUDA operation, returns once its kernel is queued."""
+    if hasattr(result, "wait"):
+        result.wait()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()  # the current device: this process's GPU
+
+
 def _timed(op: Callable[[], object], group, repeat: int, warmup: int) -> List[float]:
-    """Seconds per call of a collective: the slowest process's time, one value per repeat."""
+    """Seconds per call of a collective: the slowest process's time, one value per repeat.
+
+    The clock stops once the collective has finished (:func:`_finish`), not when ``op``
+    returns; the slowest time is found with a MAX allreduce on a tensor where ``group``'s
+    backend takes it (:func:`_timing_device`)."""
+    device = _timing_device(group)
     for _ in range(warmup):
-        op()
+        _finish(op())
     times = []
     for _ in range(repeat):
+        _finish()  # nothing queued earlier runs into the timed window
         dist.barrier(group=group)  # everyone starts together
         start = time.perf_counter()
-        op()
-        slowest = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+        _finish(op())
+        slowest = torch.tensor([time.perf_counter() - start], dtype=torch.float64, device=device)
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)
         times.append(float(slowest))
     return times

@@ -64,3 +64,26 @@ def sleep_job(rank: int, world_size: int, seconds: float) -> None:
 def cpp_log_level(rank, world_size):
     """The C++ log level the worker was started with."""
     return os.environ.get("TORCH_CPP_LOG_LEVEL")
+
+
+class _SlowWork:
+    """Stands for the ``Work`` handle of an asynchronous collective that needs ``seconds``."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+
+    def wait(self) -> bool:
+        time.sleep(self.seconds)
+        return True
+
+
+def timed_job(rank: int, world_size: int, seconds: float) -> dict:
+    """``_timed`` on an op that returns at once but whose work takes ``seconds`` on the last
+    rank only, and on a real asynchronous gloo allreduce; what each rank measured."""
+    from dlperf.distributed import _timed, _timing_device
+
+    slow = rank == world_size - 1
+    waited = _timed(lambda: _SlowWork(seconds if slow else 0.0), None, repeat=2, warmup=1)
+    data = torch.full((1000,), float(rank + 1))
+    _timed(lambda: dist.all_reduce(data, async_op=True), None, repeat=1, warmup=0)
+    return {"waited": waited, "sum": float(data[0]), "device": str(_timing_device())}

@@ -363,7 +363,18 @@ CLAIMS += [
     (_MP, "autocast_verdict",
      _mp_time("autocast_speedup", "faster than float32", "slower than float32",
               "about as fast as float32, within 10%"), False),
-    (_MP, "autocast_act_verdict", lambda v: "less" if v["act_ratio"] < 1 else "not less", False),
+    (_MP, "autocast_act_verdict",
+     lambda v: ("fewer bytes under autocast" if v["act_ratio"] < 1
+                else "no fewer bytes under autocast"), False),
+    (_MP, "autocast_case_verdict",
+     lambda v: ("ran on a GPU, the first case" if v["on_gpu"] else
+                f"ran on a CPU that lists bfloat16 instructions, {' and '.join(v['bf16_flags'])}"
+                if v["bf16_flags"] else
+                "ran on a CPU that lists no bfloat16 instructions, the slow case"), False),
+    (_MP, "accum_rounding_verdict",
+     lambda v: ("less than ten times float32's machine epsilon, what adding in another order "
+                "leaves" if v["accum_rel_diff"] < 10 * v["fp32_eps"]
+                else "ten times float32's machine epsilon or more"), False),
     (_MP, "precision_verdict",
      lambda v: "below" if max(v["output_error"], v["grad_error"]) < v["bf16_eps"] else "above",
      False),
@@ -415,6 +426,16 @@ FACTS += [(_MP, name, lambda v, b=b: b) for name, b in [
     ("mixed_adam_bpp", 8)]]
 
 _DDP = "chapters/ddp-internals"
+
+
+def _ddp_ties(ms):
+    """ddp-internals: the bucket sizes whose fastest step came within 5% of the fastest one's."""
+    fastest = min(ms, key=ms.get)
+    tied = [f"{cap:g}" for cap in sorted(ms) if cap != fastest and ms[cap] <= 1.05 * ms[fastest]]
+    return (f"{' and '.join(tied)} MiB came within 5% of it, a tie on this run" if tied
+            else "no other setting came within 5% of it")
+
+
 CLAIMS += [
     (_DDP, "overlap_verdict",
      lambda v: ("most of the allreduce time, at least half, ran while the backward pass was "
@@ -431,6 +452,13 @@ CLAIMS += [
      lambda v: ("mattered: the slowest setting took more than 5% longer than the fastest"
                 if v["sweep_spread"] > 1.05
                 else "made no difference beyond 5% between the settings"), False),
+    (_DDP, "sweep_tie_verdict", lambda v: _ddp_ties(v["sweep_ms"]), False),
+    (_DDP, "ddp_extra_verdict",
+     lambda v: ("exactly 16 bytes for each parameter" if v["ddp_extra_bytes"] == 0 else
+                f"16 bytes for each parameter and {v['ddp_extra_bytes']} bytes besides, 4 for "
+                f"each of the {v['param_tensors']} parameter tensors: Adam's step counters"
+                if v["ddp_extra_bytes"] == 4 * v["param_tensors"] else
+                f"16 bytes for each parameter and {v['ddp_extra_bytes']} bytes besides"), False),
 ]
 FACTS += [(_DDP, "zero1_8", lambda v: 2 + 2 + 12 / 8), (_DDP, "zero2_8", lambda v: 2 + 14 / 8),
           (_DDP, "zero3_8", lambda v: 16 / 8),

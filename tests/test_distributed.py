@@ -146,6 +146,26 @@ def test_parameter_server_sgd_learns_the_linear_model():
         assert worker["losses"][-1] < 0.01 * worker["losses"][0]
 
 
+def test_timed_stops_the_clock_when_the_slowest_collective_has_finished():
+    # The op returns at once; its Work handle takes 0.3 s on the last rank only. Every rank
+    # must report the slowest rank's time, measured after the wait (on a GPU _finish also
+    # synchronizes the device, where an NCCL kernel runs on after the call returns).
+    results = D.run_workers(jobs.timed_job, 2, args=(0.3,), timeout=120)
+    for r in results:
+        assert len(r["waited"]) == 2 and min(r["waited"]) >= 0.3
+        assert r["sum"] == 1 + 2  # the ranks' values, summed by the asynchronous allreduce
+        assert r["device"] == "cpu"
+
+
+def test_timing_device_is_the_gpu_under_nccl(monkeypatch):
+    # A plain NCCL group reduces CUDA tensors only; the slowest time must travel on the GPU.
+    monkeypatch.setattr(D.dist, "get_backend", lambda group=None: "nccl")
+    monkeypatch.setattr(D.torch.cuda, "current_device", lambda: 1)
+    assert D._timing_device() == torch.device("cuda", 1)
+    monkeypatch.setattr(D.dist, "get_backend", lambda group=None: "gloo")
+    assert D._timing_device() == torch.device("cpu")
+
+
 def test_worker_errors_are_raised_with_their_message():
     # Rank 1 raises; rank 0, waiting in a barrier, then loses its peer. The root cause is
     # reported, whichever failure the parent happens to notice first.
