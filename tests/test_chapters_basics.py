@@ -59,9 +59,14 @@ def test_hybridize_compiles_scripts_and_exports_faithfully(page_outputs):
     assert "reloaded in a fresh process" in text
     assert number(values, "export_max_diff") <= 1e-6
     assert number(values, "compile_s") > 0
-    assert values["mlp_verdict"].strip("'") in {"faster", "slower"}
-    speedup = number(values, "mlp_speedup")
-    assert (values["mlp_verdict"].strip("'") == "faster") == (speedup > 1)
+    # The MLP and the GELU are judged by one rule: within 10% either way is "about as fast".
+    verdict, speedup = values["mlp_verdict"].strip("'"), number(values, "mlp_speedup")
+    assert verdict == ("faster" if speedup >= 1.10 else "slower" if speedup <= 1 / 1.10
+                       else "about as fast as eager code, within 10%")
+    assert "mlp_margin" not in values
+    # The one-time start-up of Inductor is paid by a trivial function before the MLP is timed.
+    assert any("torch.compile(lambda t: t + 1)" in c.source
+               for c in nb.cells if c.cell_type == "code")
 
 
 @pytest.mark.integration
