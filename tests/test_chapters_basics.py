@@ -59,9 +59,14 @@ def test_hybridize_compiles_scripts_and_exports_faithfully(page_outputs):
     assert "reloaded in a fresh process" in text
     assert number(values, "export_max_diff") <= 1e-6
     assert number(values, "compile_s") > 0
-    assert values["mlp_verdict"].strip("'") in {"faster", "slower"}
-    speedup = number(values, "mlp_speedup")
-    assert (values["mlp_verdict"].strip("'") == "faster") == (speedup > 1)
+    # The MLP and the GELU are judged by one rule: within 10% either way is "about as fast".
+    verdict, speedup = values["mlp_verdict"].strip("'"), number(values, "mlp_speedup")
+    assert verdict == ("faster" if speedup >= 1.10 else "slower" if speedup <= 1 / 1.10
+                       else "about as fast as eager code, within 10%")
+    assert "mlp_margin" not in values
+    # The one-time start-up of Inductor is paid by a trivial function before the MLP is timed.
+    assert any("torch.compile(lambda t: t + 1)" in c.source
+               for c in nb.cells if c.cell_type == "code")
 
 
 @pytest.mark.integration
@@ -74,9 +79,14 @@ def test_async_page_measures_the_queue_and_the_blockers(page_outputs):
     for blocker in ["no blocker", "out[0, 0].item()", "print(out[0, 0])", "out[0, 0].cpu().numpy()"]:
         assert blocker in text
     # The per-step costs the sentence on .item() and .numpy() quotes come from the table's
-    # fastest runs, not from a claim of "a few microseconds".
-    for name in ["plain_step_us", "item_step_us", "numpy_step_us"]:
+    # fastest runs, judged against the spread of the controls (loops that do nothing more),
+    # and .item() is also timed on its own, not claimed to cost "a few microseconds".
+    for name in ["plain_step_us", "noise_step_us", "item_loop_step_us", "numpy_loop_step_us",
+                 "item_alone_us"]:
         assert name in values
+    assert number(values, "noise_step_us") >= 0
+    assert number(values, "item_alone_us") > 0
+    assert "no blocker, timed again" in text
     if not torch.cuda.is_available():  # the book was built on this machine
         assert "non_blocking=True changes nothing" in text
     assert "torch.cuda.synchronize()" in text or "dlperf.synchronize(dev)" in text
