@@ -206,6 +206,10 @@ def main(argv=None) -> None:
         }
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)
+    # Free DDP's reducer, and let every rank arrive, before destroying the group: on PyTorch
+    # 2.11, destroying it under a live DDP model sometimes aborted the processes at exit.
+    del ddp, optimizer
+    dist.barrier()
     dist.destroy_process_group()
 
 
