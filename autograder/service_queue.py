@@ -77,6 +77,10 @@ class Graders:
     def _grade_and_release(self, row: Row) -> None:
         try:
             self.grade(row)
+        except Exception as error:  # a service bug: the upload still gets a result
+            import traceback
+            traceback.print_exc()
+            self._failed(row, f"the service failed: {type(error).__name__}: {error}")
         finally:
             self._slots.release()
             self._wake.set()
@@ -111,6 +115,13 @@ class Graders:
                           executed=str(executed) if executed else None)
         if self.on_done is not None:
             self.on_done(row)
+
+    def _failed(self, row: Row, message: str) -> None:
+        from .grade import ERROR, SubmissionResult
+        from .report import csv_row
+        result = SubmissionResult(self.submission(row), ERROR, message)
+        self.store.finish(row.id, status=ERROR, score=0.0, max_score=0.0, penalty=0.0,
+                          message=message, seconds=0.0, csv_row=json.dumps(csv_row(result)))
 
     def _record(self, row: Row, result, penalty: float) -> None:
         """Put the result into nbgrader's gradebook if it is the attempt that counts."""

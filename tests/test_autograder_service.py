@@ -414,6 +414,20 @@ def test_attempts_per_hour_and_the_deadline(service):
 
 
 @pytest.mark.integration
+def test_an_unreadable_upload_gets_a_result_that_says_why(service):
+    server, people = service
+    body, kind = multipart({"assignment": "demo"}, "notebook", "demo.ipynb", b"{not json")
+    status, answer = request(f"{server.url}/submit", people["mary"], body,
+                             {"Content-Type": kind})
+    assert status == 201, answer
+    data = graded(server, people["mary"], json.loads(answer)["id"])
+    assert data["status"] == "invalid" and "is not a Jupyter notebook" in data["message"]
+    status, answer = request(f"{server.url}/submit", people["mary"], body,
+                             {"Content-Type": "multipart/form-data; boundary=x"})
+    assert status == 400  # no file in the form
+
+
+@pytest.mark.integration
 def test_the_instructor_page_grades_csv_gradebook_and_regrade(service, alan_submitted):
     server, people = service
     ada = people["ada"]
