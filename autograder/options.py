@@ -55,6 +55,9 @@ SERVICE_LATE = "refuse"         # after the deadline: "refuse", or "penalty" per
 SERVICE_POLL = 0.5              # seconds between looks at the queue when nothing woke it
 SERVICE_SUBMIT_WAIT = 1800.0    # seconds `submit` waits for its feedback
 SERVICE_FORM_SLACK = 64 * 1024  # bytes a multipart form may add around the notebook
+SERVICE_HTTP_TIMEOUT = 60.0     # seconds `submit` waits for one answer of the service
+SERVICE_DB_BUSY = 30.0          # seconds a database call waits for another's write
+SERVICE_REFRESH = 2             # seconds between reloads of a page waiting for a grade
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from .layout import MAX_NOTEBOOK_BYTES, Course, mebibytes
 from .options import SERVICE_DB, SERVICE_FORM_SLACK
 from .service_auth import TokenSignIn
 from .service_config import ConfigError, Person, ServiceConfig  # noqa: F401 (ConfigError: cli)
-from .service_db import DONE, GRADING, QUEUED, Row, Store, when
+from .service_db import DONE, QUEUED, Row, Store, when
 
 HOUR = 3600.0
 
@@ -229,4 +229,4 @@ class Service:
         return 0
 
 
-__all__ = ["Service", "ConfigError", "GRADING"]
+__all__ = ["Service", "ConfigError"]

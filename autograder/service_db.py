@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
+from .options import SERVICE_DB_BUSY
+
 QUEUED, GRADING, DONE = "queued", "grading", "done"
 
 SCHEMA = """
@@ -131,7 +133,7 @@ class Store:
 
     @contextlib.contextmanager
     def _db(self) -> Iterator[sqlite3.Connection]:
-        db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+        db = sqlite3.connect(self.path, timeout=SERVICE_DB_BUSY, isolation_level=None)
         try:
             db.execute("PRAGMA synchronous=FULL")  # a commit is on disk when it returns
             yield db

@@ -13,6 +13,7 @@ from typing import List, Optional
 
 import tornado.web
 
+from .options import SERVICE_REFRESH
 from .service_auth import bearer
 from .service_db import DONE, GRADING, QUEUED, when
 
@@ -199,7 +200,7 @@ class Feedback(Base):
                 f"uploaded {escape(data['uploaded'])}. <a href=\"/\">Back</a></p>"
                 + feedback_html(data))
         self.finish(page(f"Feedback: {row.assignment}, attempt {row.attempt}", body,
-                         refresh=2 if row.state != DONE else None))
+                         refresh=SERVICE_REFRESH if row.state != DONE else None))
 
 
 class Notebook(Base):
@@ -273,7 +274,7 @@ class Instructor(Base):
                          "late penalty", "uploaded", "waited (s)", "graded in (s)",
                          "gradings", ""], every))
         self.finish(page("Instructor: submissions", body,
-                         refresh=5 if queue else None))
+                         refresh=SERVICE_REFRESH if queue else None))
 
 
 class GradesCsv(Base):

@@ -15,7 +15,7 @@ import urllib.request
 from pathlib import Path
 from typing import Optional, Tuple
 
-from .options import SERVICE_POLL
+from .options import SERVICE_HTTP_TIMEOUT, SERVICE_POLL
 
 
 class SubmitError(Exception):
@@ -30,7 +30,7 @@ def _request(url: str, token: str, data: Optional[bytes] = None,
     if content_type:
         request.add_header("Content-Type", content_type)
     try:
-        with urllib.request.urlopen(request, timeout=60) as response:
+        with urllib.request.urlopen(request, timeout=SERVICE_HTTP_TIMEOUT) as response:
             return json.loads(response.read())
     except urllib.error.HTTPError as error:
         try:
