@@ -1,4 +1,4 @@
-"""Command line: ``python -m autograder grade ...`` and ``python -m autograder check ...``."""
+"""Command line: ``python -m autograder grade``, ``check``, ``serve`` and ``submit``."""
 from __future__ import annotations
 
 import argparse
@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import List, Optional
 
 from .options import (CHECK_PROFILE, DEVICE_CHOICES, KERNELS, PROFILE_CHOICES, PROFILES, RETRIES,
-                      GiB, available_cores, default)
+                      SERVICE_HOST, SERVICE_PORT, SERVICE_SUBMIT_WAIT, GiB, available_cores,
+                      default)
 
 
 def _positive(kind, zero: bool = False):
@@ -79,6 +80,56 @@ def parser() -> argparse.ArgumentParser:
                        help="run profile for the notebook (default %(default)s)")
     add_time_limits(check)
     add_kernel_options(check)
+
+    serve = commands.add_parser(
+        "serve", help="a web service where learners hand in notebooks and get feedback",
+        description="Serve the course in COURSE (default: here): learners sign in, upload a "
+                    "notebook and get its feedback; instructors see every grade. People come "
+                    "from COURSE/roster.toml, rules from COURSE/service.toml (see README).")
+    serve.add_argument("--course", type=Path, default=Path("."), metavar="DIR",
+                       help="the nbgrader course directory (default: the current directory)")
+    serve.add_argument("--host", default=SERVICE_HOST,
+                       help="address to listen on (default %(default)s)")
+    serve.add_argument("--port", type=_positive(int, zero=True), default=SERVICE_PORT,
+                       help="port to listen on, 0 for any free one (default %(default)s)")
+    serve.add_argument("--db", type=Path, default=None, metavar="PATH",
+                       help="the service's database (default: COURSE/service.db; uploads and "
+                            "results go in a folder beside it, <name>-files)")
+    serve.add_argument("--gradebook", default="", metavar="DB_URL",
+                       help="nbgrader's gradebook for the scores that count (default: "
+                            "COURSE/gradebook.db, where nbgrader export reads)")
+    serve.add_argument("--no-gradebook", dest="gradebook", action="store_const", const=None,
+                       help="do not write scores to nbgrader's gradebook")
+    serve.add_argument("--issue-tokens", nargs="*", default=None, metavar="ID",
+                       help="print a new secret sign-in link for each person of the roster "
+                            "(or the IDs given), replacing their old ones, and exit")
+    serve.add_argument("--url", default=None, metavar="URL",
+                       help="the address people open, for --issue-tokens' links (default: "
+                            "http://HOST:PORT)")
+    serve.add_argument("--jobs", type=_positive(int), default=available_cores(), metavar="N",
+                       help="submissions graded at once (default: the number of cores, "
+                            "%(default)s here)")
+    serve.add_argument("--device", choices=DEVICE_CHOICES, default=default("device"),
+                       help="as for grade")
+    serve.add_argument("--profile", choices=PROFILE_CHOICES, default=default("profile"),
+                       help="as for grade")
+    add_time_limits(serve)
+    add_kernel_options(serve)
+
+    submit = commands.add_parser(
+        "submit", help="hand in a notebook to the course's submission service",
+        description="Upload NOTEBOOK to the submission service at URL, wait for its grade "
+                    "and print the feedback.")
+    submit.add_argument("notebook", type=Path, metavar="NOTEBOOK", help="your notebook")
+    submit.add_argument("--to", required=True, metavar="URL",
+                        help="the service's address, e.g. http://127.0.0.1:8765")
+    submit.add_argument("--token", required=True, metavar="TOKEN",
+                        help="your secret sign-in token (the token=... of your link)")
+    submit.add_argument("--assignment", default="", metavar="NAME",
+                        help="the assignment (default: the one with a notebook of that name)")
+    submit.add_argument("--wait", type=_positive(float), default=SERVICE_SUBMIT_WAIT,
+                        metavar="SECONDS", help="how long to wait for the grade "
+                        "(default %(default)g)")
     return top
 
 
@@ -233,6 +284,56 @@ def run_check(args: argparse.Namespace) -> int:
     return 0 if report.all_passed else 1
 
 
+def run_serve(args: argparse.Namespace) -> int:
+    """Read the course's roster and rules (a clear error if they are wrong), then issue
+    tokens or serve, grading on a :class:`~autograder.grade.LocalRunner` as ``grade`` does."""
+    from .service_app import ConfigError, Service
+    try:
+        service = Service(args.course, db=args.db, gradebook=args.gradebook)
+    except (ConfigError, FileNotFoundError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    if args.issue_tokens is not None:
+        unknown = sorted(set(args.issue_tokens) - set(service.config.people))
+        if unknown:
+            print(f"error: not in the roster: {', '.join(unknown)}", file=sys.stderr)
+            return 2
+        base = (args.url or f"http://{args.host}:{args.port}").rstrip("/")
+        print("# Give each person their own line; a new one replaces the old. id, role, link:")
+        for person, token in service.signin.issue(args.issue_tokens or None):
+            print(f"{person.id}\t{person.role}\t{base}/signin?token={token}")
+        return 0
+    spawner = _open_spawner(args, service.notebooks())
+    from .grade import LocalRunner
+    with LocalRunner(args.jobs, args.kernel, spawner=spawner) as runner:
+        options = runner.resolve(grade_options(args, hidden=service.hidden()))
+        return service.run(runner, options, args.host, args.port)
+
+
+def run_submit(args: argparse.Namespace) -> int:
+    from .submit import SubmitError, all_passed, render, upload, wait
+    if not args.notebook.is_file():
+        print(f"error: {args.notebook} is not a file", file=sys.stderr)
+        return 2
+    try:
+        queued = upload(args.notebook, args.to, args.token, args.assignment)
+        print(f"Handed in {args.notebook} for {queued['assignment']!r} (attempt "
+              f"{queued['attempt']}); waiting for the grade...", flush=True)
+
+        def progress(data):
+            if data["state"] == "queued":
+                print(f"  number {data['position']} in the queue", flush=True)
+            else:
+                print("  being graded", flush=True)
+        data = wait(args.to, args.token, queued["id"], args.wait, on_wait=progress)
+    except SubmitError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(render(data))
+    print(f"Feedback and the executed notebook: {args.to.rstrip('/')}/submissions/{data['id']}")
+    return 0 if all_passed(data) else 1
+
+
 def _skip_unneeded_grammar() -> None:
     # jsonschema, which nbformat imports, compiles a grammar for its "iri" format check when
     # the optional rfc3987_syntax package is installed: about 2 s of CPU at every start, for
@@ -247,4 +348,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     _quiet_libraries()
     if args.command == "grade":
         return run_grade(args)
+    if args.command == "serve":
+        return run_serve(args)
+    if args.command == "submit":
+        return run_submit(args)
     return run_check(args)

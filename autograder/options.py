@@ -44,6 +44,21 @@ WORKERS_TIMEOUT = 60.0          # seconds a Dask run waits for a first worker
 RETRIES = 1                     # Dask: re-runs of a task that raised (deaths counted apart)
 KILLED_WORKER_ROUNDS = 2        # Dask: rounds of allowed-failures + 1 worker deaths
 
+# The submission service (`python -m autograder serve`, issue 28). Its upload limit is the
+# grader's own limit on a submitted notebook (layout.MAX_NOTEBOOK_BYTES).
+SERVICE_HOST = "127.0.0.1"      # where it listens unless told otherwise
+SERVICE_PORT = 8765             # its port (0: any free one, printed at start)
+SERVICE_DB = "service.db"       # its database, in the course folder unless --db says
+SERVICE_ATTEMPTS_PER_HOUR = 10  # uploads per learner and assignment in any hour
+SERVICE_COUNTS = "last"         # which attempt counts: "last" or "best"
+SERVICE_LATE = "refuse"         # after the deadline: "refuse", or "penalty" per day late
+SERVICE_POLL = 0.5              # seconds between looks at the queue when nothing woke it
+SERVICE_SUBMIT_WAIT = 1800.0    # seconds `submit` waits for its feedback
+SERVICE_FORM_SLACK = 64 * 1024  # bytes a multipart form may add around the notebook
+SERVICE_HTTP_TIMEOUT = 60.0     # seconds `submit` waits for one answer of the service
+SERVICE_DB_BUSY = 30.0          # seconds a database call waits for another's write
+SERVICE_REFRESH = 2             # seconds between reloads of a page waiting for a grade
+
 
 @dataclass(frozen=True)
 class Limits:

@@ -1,0 +1,232 @@
+"""``python -m autograder serve``: hand in a notebook on the web and get its feedback.
+
+A Tornado application (server-rendered HTML, no JavaScript) over the service's database
+(:mod:`.service_db`), its graders (:mod:`.service_queue`, the one grading pipeline) and
+its sign-in (:mod:`.service_auth`). Every handler learns who is asking before it reads
+anything; learners see their own uploads only, instructors everything.
+
+Routes: ``/`` (a learner's assignments, upload form and attempts), ``/signin``,
+``/signout``, ``POST /submit`` (multipart: ``assignment``, ``notebook``), ``/submissions/N``
+(place in the queue, then the feedback), ``/submissions/N.json`` (the same for
+``python -m autograder submit``), ``/submissions/N/notebook`` (the executed notebook),
+``/instructor``, ``/instructor/grades.csv``, ``POST /instructor/regrade``.
+"""
+from __future__ import annotations
+
+import asyncio
+import csv
+import io
+import json
+import os
+import signal
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import tornado.web
+
+from .layout import MAX_NOTEBOOK_BYTES, Course, mebibytes
+from .options import SERVICE_DB, SERVICE_FORM_SLACK
+from .service_auth import TokenSignIn
+from .service_config import ConfigError, Person, ServiceConfig  # noqa: F401 (ConfigError: cli)
+from .service_db import DONE, QUEUED, Row, Store, when
+
+HOUR = 3600.0
+
+
+def course_assignments(course: Course) -> List[str]:
+    """The assignments of the course's source folder that have notebooks."""
+    if not course.source_path.is_dir():
+        raise ConfigError(f"{course.source_path} is not a folder of assignments")
+    return sorted(p.name for p in course.source_path.iterdir()
+                  if p.is_dir() and any(p.glob("*.ipynb")))
+
+
+def write_durably(path: Path, data: bytes) -> None:
+    """``data`` at ``path``, on disk (file and folder entry) when this returns."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    with open(partial, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(partial, path)
+    folder = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(folder)
+    finally:
+        os.close(folder)
+
+
+class Service:
+    """The course, its configuration, its database and files: what the service serves."""
+
+    def __init__(self, course: Path, db: Optional[Path] = None, gradebook: Optional[str] = ""):
+        self.course = Course.discover(course)
+        self.assignments = course_assignments(self.course)
+        self.config = ServiceConfig.read(self.course.root, self.assignments)
+        self.db = Path(db).resolve() if db else self.course.root / SERVICE_DB
+        self.files = self.db.parent / f"{self.db.stem}-files"
+        self.store = Store(self.db)
+        self.signin = TokenSignIn(self.store, self.config.people)
+        self.gradebook = (f"sqlite:///{self.course.root / 'gradebook.db'}" if gradebook == ""
+                          else gradebook)
+        self.sources = {a: self.course.source_notebooks(a) for a in self.assignments}
+        self.graders = None
+        self._upload_lock = threading.Lock()
+
+    def notebooks(self) -> List[Path]:
+        return [s.path for sources in self.sources.values() for s in sources.values()]
+
+    def hidden(self) -> List[Path]:
+        """What kernels must not see: the course, the service's database and files."""
+        hidden = [self.course.root, self.db.parent, self.files]
+        if self.gradebook and self.gradebook.startswith("sqlite:///"):
+            hidden.append(Path(self.gradebook[len("sqlite:///"):]).resolve().parent)
+        return hidden
+
+    # uploads
+
+    def accept(self, person: Person, assignment: str, filename: str, body: bytes) -> Row:
+        """Store an upload durably and queue it; ``ValueError`` (message, HTTP code) if not."""
+        stem = Path(filename or "").stem
+        if not assignment:
+            matches = [a for a, s in self.sources.items() if stem in s] or \
+                      [a for a in self.assignments if a == stem]
+            if len(matches) != 1:
+                raise ValueError(f"say which assignment {filename!r} is for (one of "
+                                 f"{', '.join(self.assignments)})", 400)
+            assignment = matches[0]
+        if assignment not in self.sources:
+            raise ValueError(f"no assignment {assignment!r} (there are "
+                             f"{', '.join(self.assignments)})", 404)
+        names = sorted(self.sources[assignment])
+        notebook = names[0] if len(names) == 1 else stem
+        if notebook not in names:
+            raise ValueError(f"assignment {assignment!r} has notebooks {', '.join(names)}: "
+                             "upload one of them under its own name", 400)
+        if not body:
+            raise ValueError("the upload is empty: choose your notebook file", 400)
+        if len(body) > MAX_NOTEBOOK_BYTES:
+            raise ValueError(f"the notebook is {mebibytes(len(body))} MiB; the limit is "
+                             f"{MAX_NOTEBOOK_BYTES / 2**20:g} MiB (clear its outputs, save it "
+                             "and upload it again)", 413)
+        rules = self.config.rules[assignment]
+        now = time.time()
+        days_late = rules.days_late(datetime.fromtimestamp(now, timezone.utc))
+        if days_late and rules.late == "refuse":
+            raise ValueError(f"the deadline of {assignment!r} was "
+                             f"{rules.deadline:%Y-%m-%d %H:%M %Z}: uploads are closed", 403)
+        with self._upload_lock:
+            recent = self.store.uploads_since(person.id, assignment, now - HOUR)
+            if recent >= rules.attempts_per_hour:
+                raise ValueError(f"{recent} uploads of {assignment!r} in the last hour: the "
+                                 f"limit is {rules.attempts_per_hour} an hour; try again "
+                                 "later", 429)
+            attempt = self.store.next_attempt(person.id, assignment, notebook)
+            folder = self.files / "uploads" / person.id / assignment / str(attempt)
+            write_durably(folder / "timestamp.txt",
+                          datetime.fromtimestamp(now, timezone.utc).isoformat().encode())
+            write_durably(folder / f"{notebook}.ipynb", body)
+            submission_id = self.store.add(person.id, assignment, notebook, attempt,
+                                           folder / f"{notebook}.ipynb", now, days_late)
+        if self.graders is not None:
+            self.graders.wake()
+        return self.store.get(submission_id)
+
+    # what pages show
+
+    def position(self, row: Row) -> Optional[int]:
+        """1 for the next upload to be graded; None when not queued."""
+        if row.state != QUEUED:
+            return None
+        order = self.store.queue()
+        return order.index(row.id) + 1 if row.id in order else None
+
+    def feedback(self, row: Row) -> dict:
+        """What a learner may see of one upload: results.json's tests and message."""
+        data = {"id": row.id, "student": row.student, "assignment": row.assignment,
+                "notebook": row.notebook, "attempt": row.attempt, "state": row.state,
+                "position": self.position(row), "uploaded": when(row.created),
+                "days_late": row.days_late, "tests": []}
+        if row.state == DONE:
+            data.update(status=row.status, score=row.score, max_score=row.max_score,
+                        penalty=row.penalty or 0.0, counted_score=row.counted_score,
+                        message=row.message, seconds=row.seconds, graded=when(row.finished),
+                        has_notebook=bool(row.executed and Path(row.executed).is_file()))
+            found = bool(row.results) and Path(row.results).is_file()
+            results = json.loads(Path(row.results).read_text()) if found else {"tests": []}
+            for test in results["tests"]:
+                data["tests"].append({
+                    "name": test["name"], "status": test.get("status", "not counted"),
+                    "outcome": test.get("extra_data", {}).get("outcome", ""),
+                    "score": test["score"], "max_score": test["max_score"],
+                    "output": test.get("output", ""),
+                    "hidden": test.get("visibility") != "visible"})
+        return data
+
+    def counted_rows(self) -> Dict[tuple, Row]:
+        """The attempt that counts, per (student, assignment, notebook)."""
+        keys = {(r.student, r.assignment, r.notebook) for r in self.store.rows()}
+        counted = {}
+        for key in keys:
+            row = self.store.counted(*key, self.config.rules[key[1]].counts)
+            if row is not None:
+                counted[key] = row
+        return counted
+
+    def grades_csv(self) -> str:
+        from .report import CSV_COLUMNS
+        out = io.StringIO()
+        writer = csv.DictWriter(out, fieldnames=CSV_COLUMNS)
+        writer.writeheader()
+        for _, row in sorted(self.counted_rows().items()):
+            writer.writerow(json.loads(row.csv_row))
+        return out.getvalue()
+
+    def regrade_all(self) -> int:
+        count = self.store.requeue([row.id for row in self.counted_rows().values()])
+        if self.graders is not None:
+            self.graders.wake()
+        return count
+
+    # running
+
+    def application(self) -> tornado.web.Application:
+        from . import service_pages as pages
+        return tornado.web.Application(pages.routes(), service=self, xsrf_cookies=True,
+                                       default_handler_class=pages.NotFound)
+
+    def run(self, runner, options, host: str, port: int) -> int:
+        from .service_queue import Graders
+        self.graders = Graders(self.store, runner, self.course, self.sources, options,
+                               self.config.rules, self.files, gradebook=self.gradebook)
+        return asyncio.run(self._serve(host, port))
+
+    async def _serve(self, host: str, port: int) -> int:
+        from tornado.httpserver import HTTPServer
+        from tornado.netutil import bind_sockets
+        sockets = bind_sockets(port, host)
+        server = HTTPServer(self.application(),
+                            max_body_size=MAX_NOTEBOOK_BYTES + SERVICE_FORM_SLACK)
+        server.add_sockets(sockets)
+        self.graders.start()
+        address = sockets[0].getsockname()
+        print(f"Serving {self.course.root} at http://{address[0]}:{address[1]}/ "
+              f"(database {self.db}; {self.graders.jobs} grader(s)). Open it with the sign-in "
+              "link that `python -m autograder serve --issue-tokens` printed for you.",
+              flush=True)
+        stopped = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stopped.set)
+        await stopped.wait()
+        server.stop()
+        await loop.run_in_executor(None, self.graders.stop)
+        print("Stopped; anything not graded yet is graded at the next start.", flush=True)
+        return 0
+
+
+__all__ = ["Service", "ConfigError"]

@@ -1,0 +1,180 @@
+"""The submission service's two files in the course folder, read once at start.
+
+``roster.toml`` says who may sign in::
+
+    instructors = ["ada"]
+    learners = ["alan", "grace"]
+
+``service.toml`` (optional) sets the rules, for every assignment and per assignment::
+
+    attempts_per_hour = 10          # uploads per learner and assignment in any hour
+    counts = "last"                 # which attempt counts: "last" or "best"
+
+    [assignments.demo]
+    deadline = 2026-12-01T17:00:00Z # a TOML date-time with its offset
+    late = "penalty"                # "refuse" (the default) or "penalty"
+    penalty_per_day = 0.1           # fraction of the points lost per day (or part) late
+
+A mistake in either file is a :class:`ConfigError` whose message names the file and the
+key, raised before the service listens.
+"""
+from __future__ import annotations
+
+import math
+import re
+import tomllib
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+from .options import SERVICE_ATTEMPTS_PER_HOUR, SERVICE_COUNTS, SERVICE_LATE
+
+ROSTER, RULES = "roster.toml", "service.toml"
+LEARNER, INSTRUCTOR = "learner", "instructor"
+COUNTS = ("last", "best")
+LATE = ("refuse", "penalty")
+PERSON_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")  # also a folder name
+DAY = timedelta(days=1)
+
+
+class ConfigError(ValueError):
+    """A roster or rules file the service cannot start with."""
+
+
+def _load(path: Path) -> dict:
+    try:
+        with path.open("rb") as handle:
+            return tomllib.load(handle)
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"{path}: not valid TOML: {error}") from None
+
+
+@dataclass(frozen=True)
+class Person:
+    id: str
+    role: str  # learner or instructor
+
+    @property
+    def instructor(self) -> bool:
+        return self.role == INSTRUCTOR
+
+
+def read_roster(course: Path) -> Dict[str, Person]:
+    """Everyone who may sign in, by id."""
+    path = Path(course) / ROSTER
+    if not path.is_file():
+        raise ConfigError(f"{path} is missing: list the course's people there, e.g.\n"
+                          'instructors = ["ada"]\nlearners = ["alan", "grace"]')
+    data = _load(path)
+    unknown = set(data) - {"instructors", "learners"}
+    if unknown:
+        raise ConfigError(f"{path}: unknown key(s) {sorted(unknown)}; "
+                          "expected instructors and learners")
+    people: Dict[str, Person] = {}
+    for key, role in (("instructors", INSTRUCTOR), ("learners", LEARNER)):
+        ids = data.get(key, [])
+        if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+            raise ConfigError(f"{path}: {key} must be a list of ids (strings)")
+        for person in ids:
+            if not PERSON_ID.match(person):
+                raise ConfigError(f"{path}: {person!r} in {key} is not a usable id (letters, "
+                                  "digits, _ . -, at most 64)")
+            if person in people:
+                raise ConfigError(f"{path}: {person!r} is listed twice")
+            people[person] = Person(person, role)
+    if not any(p.instructor for p in people.values()):
+        raise ConfigError(f"{path}: no instructors")
+    return people
+
+
+@dataclass(frozen=True)
+class Rules:
+    """How one assignment's uploads are taken and counted."""
+    attempts_per_hour: int = SERVICE_ATTEMPTS_PER_HOUR
+    counts: str = SERVICE_COUNTS
+    deadline: Optional[datetime] = None
+    late: str = SERVICE_LATE
+    penalty_per_day: float = 0.0
+
+    def days_late(self, when: datetime) -> int:
+        """Whole days (a part counts as one) past the deadline; 0 if on time."""
+        if self.deadline is None or when <= self.deadline:
+            return 0
+        return math.ceil((when - self.deadline) / DAY)
+
+    def penalty(self, score: float, days_late: int) -> float:
+        """Points taken off ``score`` for handing in ``days_late`` days late."""
+        if days_late <= 0 or self.late != "penalty":
+            return 0.0
+        return round(min(score, score * self.penalty_per_day * days_late), 6)
+
+
+KEYS = {"attempts_per_hour", "counts", "deadline", "late", "penalty_per_day"}
+
+
+def _rules(path: Path, where: str, data: dict, base: Rules) -> Rules:
+    unknown = set(data) - KEYS
+    if unknown:
+        raise ConfigError(f"{path}: {where}: unknown key(s) {sorted(unknown)}; "
+                          f"expected some of {sorted(KEYS)}")
+    values = dict(base.__dict__)
+    values.update(data)
+    attempts = values["attempts_per_hour"]
+    if not isinstance(attempts, int) or isinstance(attempts, bool) or attempts < 1:
+        raise ConfigError(f"{path}: {where}: attempts_per_hour must be a whole number of 1 "
+                          f"or more, got {attempts!r}")
+    if values["counts"] not in COUNTS:
+        raise ConfigError(f"{path}: {where}: counts must be one of {COUNTS}, "
+                          f"got {values['counts']!r}")
+    if values["late"] not in LATE:
+        raise ConfigError(f"{path}: {where}: late must be one of {LATE}, got {values['late']!r}")
+    penalty = values["penalty_per_day"]
+    if not isinstance(penalty, (int, float)) or isinstance(penalty, bool) \
+            or not 0 <= penalty <= 1:
+        raise ConfigError(f"{path}: {where}: penalty_per_day must be a fraction between 0 "
+                          f"and 1, got {penalty!r}")
+    deadline = values["deadline"]
+    if deadline is not None:
+        if not isinstance(deadline, datetime) or deadline.tzinfo is None:
+            raise ConfigError(f"{path}: {where}: deadline must be a TOML date-time with its "
+                              f"offset, e.g. 2026-12-01T17:00:00Z, got {deadline!r}")
+        deadline = deadline.astimezone(timezone.utc)
+    if values["late"] == "penalty" and deadline is None and "late" in data:
+        raise ConfigError(f"{path}: {where}: late = \"penalty\" needs a deadline")
+    return Rules(attempts_per_hour=attempts, counts=values["counts"], deadline=deadline,
+                 late=values["late"], penalty_per_day=float(penalty))
+
+
+def read_rules(course: Path, assignments: List[str]) -> Tuple[Rules, Dict[str, Rules]]:
+    """The rules for every assignment (the defaults, and each assignment's own)."""
+    path = Path(course) / RULES
+    data = _load(path) if path.is_file() else {}
+    per = data.pop("assignments", {})
+    if not isinstance(per, dict):
+        raise ConfigError(f"{path}: [assignments.NAME] tables expected")
+    default = _rules(path, "top level", data, Rules())
+    rules = {}
+    for name, table in per.items():
+        if name not in assignments:
+            raise ConfigError(f"{path}: [assignments.{name}]: no such assignment in the "
+                              f"course (it has {', '.join(assignments) or 'none'})")
+        if not isinstance(table, dict):
+            raise ConfigError(f"{path}: assignments.{name} must be a table")
+        rules[name] = _rules(path, f"[assignments.{name}]", table, default)
+    return default, {name: rules.get(name, default) for name in assignments}
+
+
+@dataclass
+class ServiceConfig:
+    """Everything the service reads from the course folder."""
+    course: Path
+    people: Dict[str, Person]
+    rules: Dict[str, Rules] = field(default_factory=dict)
+
+    @classmethod
+    def read(cls, course: Path, assignments: List[str]) -> "ServiceConfig":
+        course = Path(course)
+        people = read_roster(course)
+        _, rules = read_rules(course, assignments)
+        return cls(course=course, people=people, rules=rules)

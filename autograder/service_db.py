@@ -1,0 +1,257 @@
+"""The submission service's database (SQLite): sign-in tokens, submissions, the queue.
+
+The queue *is* the ``submissions`` table: a row is ``queued`` from the moment its upload
+is acknowledged, ``grading`` while a grader has it, ``done`` once its result is committed.
+A service killed mid-grading finds its ``grading`` rows at the next start and queues them
+again (:meth:`Store.requeue_interrupted`), so every acknowledged upload is graded, and its
+result committed, exactly once (``gradings`` counts the commits).
+
+Which queued row goes next is :func:`fair_order`: the oldest upload of the learner served
+least recently, so one learner's twenty attempts do not hold back another's first.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+
+from .options import SERVICE_DB_BUSY
+
+QUEUED, GRADING, DONE = "queued", "grading", "done"
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS tokens (
+    person TEXT PRIMARY KEY,
+    digest TEXT NOT NULL UNIQUE,          -- sha256 of the token; the token is never stored
+    issued REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS submissions (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    student TEXT NOT NULL,
+    assignment TEXT NOT NULL,
+    notebook TEXT NOT NULL,
+    attempt INTEGER NOT NULL,
+    path TEXT NOT NULL,                   -- the upload, on disk before the row exists
+    created REAL NOT NULL,
+    days_late INTEGER NOT NULL DEFAULT 0,
+    state TEXT NOT NULL DEFAULT 'queued',
+    claim_seq INTEGER,                    -- order in which graders took rows (fairness)
+    started REAL,
+    finished REAL,
+    gradings INTEGER NOT NULL DEFAULT 0,  -- results committed for this row
+    status TEXT, score REAL, max_score REAL, penalty REAL, message TEXT, seconds REAL,
+    csv_row TEXT,                         -- report.csv_row of the result, as JSON
+    results TEXT,                         -- its results.json
+    executed TEXT,                        -- its executed notebook, if it ran
+    UNIQUE (student, assignment, notebook, attempt)
+);
+CREATE INDEX IF NOT EXISTS by_state ON submissions (state);
+CREATE INDEX IF NOT EXISTS by_learner ON submissions (student, assignment, notebook);
+"""
+
+
+def when(stamp: Optional[float]) -> str:
+    """A stored time as people read it."""
+    if stamp is None:
+        return ""
+    from datetime import datetime, timezone
+    return datetime.fromtimestamp(stamp, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def fair_order(queued: Sequence[Tuple[int, str]], last_served: Dict[str, int]) -> List[int]:
+    """The order in which the ``queued`` rows, ``(id, student)`` with ids in upload order,
+    will be graded: each time, the oldest row of the learner whose last row was taken
+    longest ago (``last_served``: student -> claim sequence number; never served first)."""
+    served = dict(last_served)
+    sequence = max(served.values(), default=0)
+    pending = sorted(queued)
+    order = []
+    while pending:
+        best = min(pending, key=lambda row: (served.get(row[1], 0), row[0]))
+        pending.remove(best)
+        sequence += 1
+        served[best[1]] = sequence
+        order.append(best[0])
+    return order
+
+
+@dataclass
+class Row:
+    """One submission as stored."""
+    id: int
+    student: str
+    assignment: str
+    notebook: str
+    attempt: int
+    path: str
+    created: float
+    days_late: int
+    state: str
+    claim_seq: Optional[int]
+    started: Optional[float]
+    finished: Optional[float]
+    gradings: int
+    status: Optional[str]
+    score: Optional[float]
+    max_score: Optional[float]
+    penalty: Optional[float]
+    message: Optional[str]
+    seconds: Optional[float]
+    csv_row: Optional[str]
+    results: Optional[str]
+    executed: Optional[str]
+
+    @property
+    def counted_score(self) -> Optional[float]:
+        if self.score is None:
+            return None
+        return round(self.score - (self.penalty or 0.0), 6)
+
+
+COLUMNS = ", ".join(Row.__dataclass_fields__)
+
+
+class Store:
+    """The database file; every method opens its own connection (any thread may call)."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        with self._db() as db:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.executescript(SCHEMA)
+
+    @contextlib.contextmanager
+    def _db(self) -> Iterator[sqlite3.Connection]:
+        db = sqlite3.connect(self.path, timeout=SERVICE_DB_BUSY, isolation_level=None)
+        try:
+            db.execute("PRAGMA synchronous=FULL")  # a commit is on disk when it returns
+            yield db
+        finally:
+            db.close()
+
+    @contextlib.contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction, committed on leaving (rolled back on an error)."""
+        with self._lock, self._db() as db:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                yield db
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+
+    # sign-in tokens
+
+    def set_token(self, person: str, token: str) -> None:
+        with self._write() as db:
+            db.execute("INSERT OR REPLACE INTO tokens (person, digest, issued) VALUES (?, ?, ?)",
+                       (person, digest(token), time.time()))
+
+    def person_of(self, token: str) -> Optional[str]:
+        with self._db() as db:
+            found = db.execute("SELECT person FROM tokens WHERE digest = ?",
+                               (digest(token),)).fetchone()
+        return found[0] if found else None
+
+    # submissions
+
+    def _rows(self, db, where: str = "", args: tuple = ()) -> List[Row]:
+        return [Row(*r) for r in db.execute(f"SELECT {COLUMNS} FROM submissions {where}", args)]
+
+    def rows(self, where: str = "", args: tuple = ()) -> List[Row]:
+        with self._db() as db:
+            return self._rows(db, where, args)
+
+    def get(self, submission_id: int) -> Optional[Row]:
+        found = self.rows("WHERE id = ?", (submission_id,))
+        return found[0] if found else None
+
+    def uploads_since(self, student: str, assignment: str, since: float) -> int:
+        with self._db() as db:
+            return db.execute("SELECT COUNT(*) FROM submissions WHERE student = ? AND "
+                              "assignment = ? AND created >= ?",
+                              (student, assignment, since)).fetchone()[0]
+
+    def next_attempt(self, student: str, assignment: str, notebook: str) -> int:
+        with self._db() as db:
+            return db.execute("SELECT COALESCE(MAX(attempt), 0) + 1 FROM submissions WHERE "
+                              "student = ? AND assignment = ? AND notebook = ?",
+                              (student, assignment, notebook)).fetchone()[0]
+
+    def add(self, student: str, assignment: str, notebook: str, attempt: int, path: Path,
+            created: float, days_late: int) -> int:
+        """Queue an upload whose file is already on disk; committed when this returns."""
+        with self._write() as db:
+            cursor = db.execute(
+                "INSERT INTO submissions (student, assignment, notebook, attempt, path, created, "
+                "days_late) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (student, assignment, notebook, attempt, str(path), created, days_late))
+            return cursor.lastrowid
+
+    def _queue(self, db) -> Tuple[List[int], int]:
+        queued = db.execute("SELECT id, student FROM submissions WHERE state = ?",
+                            (QUEUED,)).fetchall()
+        served = dict(db.execute("SELECT student, MAX(claim_seq) FROM submissions WHERE "
+                                 "claim_seq IS NOT NULL GROUP BY student").fetchall())
+        return fair_order(queued, served), max(served.values(), default=0)
+
+    def queue(self) -> List[int]:
+        """The queued rows' ids, in the order they will be graded."""
+        with self._db() as db:
+            return self._queue(db)[0]
+
+    def claim_next(self) -> Optional[Row]:
+        """Take the next row in fair order for grading, or None when nothing is queued."""
+        with self._write() as db:
+            order, sequence = self._queue(db)
+            if not order:
+                return None
+            db.execute("UPDATE submissions SET state = ?, claim_seq = ?, started = ? "
+                       "WHERE id = ?", (GRADING, sequence + 1, time.time(), order[0]))
+            return self._rows(db, "WHERE id = ?", (order[0],))[0]
+
+    def requeue_interrupted(self) -> int:
+        """Queue again what a stopped service was grading (at start, before any grader)."""
+        with self._write() as db:
+            return db.execute("UPDATE submissions SET state = ? WHERE state = ?",
+                              (QUEUED, GRADING)).rowcount
+
+    def requeue(self, ids: Sequence[int]) -> int:
+        """Queue finished rows again (a regrade)."""
+        with self._write() as db:
+            return sum(db.execute("UPDATE submissions SET state = ? WHERE id = ? AND state = ?",
+                                  (QUEUED, i, DONE)).rowcount for i in ids)
+
+    def finish(self, submission_id: int, **fields) -> bool:
+        """Commit a grading row's result; False if the row was not being graded."""
+        names = sorted(fields)
+        sets = ", ".join(f"{name} = ?" for name in names)
+        with self._write() as db:
+            return db.execute(
+                f"UPDATE submissions SET {sets}, state = ?, finished = ?, "
+                "gradings = gradings + 1 WHERE id = ? AND state = ?",
+                (*(fields[n] for n in names), DONE, time.time(), submission_id, GRADING)
+            ).rowcount == 1
+
+    def counted(self, student: str, assignment: str, notebook: str,
+                rule: str) -> Optional[Row]:
+        """The attempt that counts: the last one graded, or the best (latest of equals)."""
+        done = self.rows("WHERE student = ? AND assignment = ? AND notebook = ? AND state = ? "
+                         "AND status IS NOT NULL", (student, assignment, notebook, DONE))
+        if not done:
+            return None
+        if rule == "best":
+            return max(done, key=lambda r: (r.counted_score or 0.0, r.attempt))
+        return max(done, key=lambda r: r.attempt)

@@ -1,0 +1,312 @@
+"""The submission service's pages: Tornado handlers and the HTML they write.
+
+Plain server-rendered HTML that works without JavaScript (a page waiting for a grade
+reloads itself with ``<meta http-equiv="refresh">``). Every handler's ``prepare`` asks the
+sign-in who is asking before anything is read; forms carry Tornado's XSRF token, and
+requests signed with ``Authorization: Bearer`` (the ``submit`` command) need none.
+"""
+from __future__ import annotations
+
+from html import escape
+from pathlib import Path
+from typing import List, Optional
+
+import tornado.web
+
+from .options import SERVICE_REFRESH
+from .service_auth import bearer
+from .service_db import DONE, GRADING, QUEUED, when
+
+STYLE = ("body{font-family:system-ui,sans-serif;max-width:70rem;margin:1rem auto;padding:0 1rem}"
+         "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:.2rem .5rem;"
+         "text-align:left;vertical-align:top}.PASS{color:#060}.FAIL{color:#a00}"
+         "pre{white-space:pre-wrap;margin:0}")
+
+
+def page(title: str, body: str, refresh: Optional[int] = None) -> str:
+    meta = f'<meta http-equiv="refresh" content="{refresh}">' if refresh else ""
+    return (f"<!doctype html><html><head><meta charset=utf-8>{meta}<title>{escape(title)}"
+            f"</title><style>{STYLE}</style></head><body><h1>{escape(title)}</h1>{body}"
+            "</body></html>")
+
+
+def table(header: List[str], rows: List[List[str]]) -> str:
+    """A table of cells already escaped."""
+    head = "".join(f"<th>{escape(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def points(value) -> str:
+    return "" if value is None else f"{value:g}"
+
+
+class Base(tornado.web.RequestHandler):
+    """Who is asking, first: every route refuses anyone the sign-in does not know."""
+    instructors_only = False
+
+    @property
+    def service(self):
+        return self.settings["service"]
+
+    def check_xsrf_cookie(self) -> None:
+        if bearer(self) is None:  # a browser's form: it must carry the XSRF token
+            super().check_xsrf_cookie()
+
+    def prepare(self) -> None:
+        self.person = self.service.signin.person(self)
+        if self.person is None:
+            self.refuse(401, "Not signed in, or the sign-in link is no longer valid: use the "
+                             "link your instructor gave you.")
+        elif self.instructors_only and not self.person.instructor:
+            self.refuse(403, "This page is for instructors.")
+
+    def wants_json(self) -> bool:
+        return bearer(self) is not None or "application/json" in \
+            self.request.headers.get("Accept", "")
+
+    def refuse(self, code: int, message: str) -> None:
+        self.set_status(code)
+        if self.wants_json():
+            self.finish({"error": message})
+        else:
+            self.finish(page("Not possible", f"<p>{escape(message)}</p>"
+                             '<p><a href="/">Back</a></p>'))
+
+    def write_error(self, status_code: int, **kwargs) -> None:
+        reason = self._reason or "error"
+        if self.wants_json():
+            self.finish({"error": reason})
+        else:
+            self.finish(page(f"{status_code}: {reason}", '<p><a href="/">Back</a></p>'))
+
+    def upload(self, submission_id: str):
+        """The upload with this id, if the person may see it (else the request is refused)."""
+        row = self.service.store.get(int(submission_id))
+        if row is None or (row.student != self.person.id and not self.person.instructor):
+            self.refuse(404, "No such submission of yours.")
+            return None
+        return row
+
+
+class SignIn(Base):
+    def prepare(self) -> None:  # the one route that signs in rather than asks
+        self.person = self.service.signin.sign_in(self)
+        if self.person is None:
+            self.refuse(403, "This sign-in link is not valid: ask your instructor for yours.")
+
+    def get(self) -> None:
+        self.redirect("/instructor" if self.person.instructor else "/")
+
+
+class SignOut(Base):
+    def post(self) -> None:
+        self.service.signin.sign_out(self)
+        self.finish(page("Signed out", "<p>Use your sign-in link to come back.</p>"))
+
+
+def signed_in_as(handler) -> str:
+    return (f'<p>Signed in as <b>{escape(handler.person.id)}</b> ({handler.person.role}). '
+            f'<form method=post action="/signout" style="display:inline">'
+            f'{handler.xsrf_form_html()}<button>Sign out</button></form></p>')
+
+
+class Home(Base):
+    def get(self) -> None:
+        service = self.service
+        rows = service.store.rows("WHERE student = ? ORDER BY id DESC", (self.person.id,))
+        options = "".join(f"<option>{escape(a)}</option>" for a in service.assignments)
+        rules = []
+        for name in service.assignments:
+            rule = service.config.rules[name]
+            deadline = f"{rule.deadline:%Y-%m-%d %H:%M %Z}" if rule.deadline else "none"
+            late = ("refused" if rule.late == "refuse" else
+                    f"{rule.penalty_per_day:.0%} of the points off per day")
+            rules.append([escape(name), escape(deadline), escape(late),
+                          str(rule.attempts_per_hour), escape(rule.counts)])
+        form = (f'<form method=post action="/submit" enctype="multipart/form-data">'
+                f'{self.xsrf_form_html()}<label>Assignment <select name=assignment>{options}'
+                '</select></label> <input type=file name=notebook accept=".ipynb" required> '
+                '<button>Hand in</button></form>')
+        body = (signed_in_as(self)
+                + ('<p><a href="/instructor">Instructor page</a></p>'
+                   if self.person.instructor else "")
+                + "<h2>Hand in a notebook</h2>" + form
+                + table(["assignment", "deadline", "late uploads", "uploads an hour",
+                         "attempt that counts"], rules)
+                + "<h2>Your attempts</h2>"
+                + table(["#", "assignment", "attempt", "uploaded", "state", "score"],
+                        [[f'<a href="/submissions/{r.id}">{r.id}</a>', escape(r.assignment),
+                          str(r.attempt), when(r.created), r.state,
+                          f"{points(r.counted_score)}/{points(r.max_score)}"
+                          if r.state == DONE else ""] for r in rows]))
+        self.finish(page("Hand in and get feedback", body))
+
+
+class Submit(Base):
+    def post(self) -> None:
+        files = self.request.files.get("notebook") or []
+        if len(files) != 1:
+            return self.refuse(400, "Choose one notebook file to hand in.")
+        upload = files[0]
+        try:
+            row = self.service.accept(self.person, self.get_body_argument("assignment", ""),
+                                      upload.filename, upload.body)
+        except ValueError as error:
+            message, code = error.args if len(error.args) == 2 else (str(error), 400)
+            return self.refuse(code, message)
+        if self.wants_json():
+            self.set_status(201)
+            return self.finish({"id": row.id, "attempt": row.attempt,
+                                "assignment": row.assignment, "url": f"/submissions/{row.id}"})
+        self.redirect(f"/submissions/{row.id}", status=303)
+
+
+def feedback_html(data: dict) -> str:
+    if data["state"] == QUEUED:
+        return (f"<p>Queued: number <b>{data['position']}</b> in the queue. This page "
+                "reloads itself.</p>")
+    if data["state"] == GRADING:
+        return "<p>Being graded now. This page reloads itself.</p>"
+    parts = [f"<p><b>{points(data['counted_score'])}/{points(data['max_score'])}</b> points "
+             f"({escape(data['status'])}), graded {escape(data['graded'])} in "
+             f"{data['seconds']:.1f} s."
+             + (f" Handed in {data['days_late']} day(s) late: {points(data['penalty'])} "
+                "point(s) off." if data["penalty"] else "") + "</p>",
+             f"<p>{escape(data['message'] or '')}</p>"]
+    rows = []
+    for test in data["tests"]:
+        mark = {"passed": "PASS", "failed": "FAIL"}.get(test["status"], test["outcome"].upper())
+        rows.append([f'<span class="{mark}">{escape(mark)}</span>',
+                     escape(test["name"]) + (" (hidden test)" if test["hidden"] else ""),
+                     f"{points(test['score'])}/{points(test['max_score'])}",
+                     f"<pre>{escape(test['output'] or '')}</pre>"])
+    parts.append(table(["", "test", "points", "message"], rows))
+    if data.get("has_notebook"):
+        parts.append(f'<p><a href="/submissions/{data["id"]}/notebook">Download the executed '
+                     "notebook</a></p>")
+    return "".join(parts)
+
+
+class Feedback(Base):
+    def get(self, submission_id: str, suffix: Optional[str]) -> None:
+        row = self.upload(submission_id)
+        if row is None:
+            return
+        data = self.service.feedback(row)
+        if suffix == ".json":
+            return self.finish(data)
+        body = (f"<p>{escape(row.student)}, {escape(row.assignment)}, attempt {row.attempt}, "
+                f"uploaded {escape(data['uploaded'])}. <a href=\"/\">Back</a></p>"
+                + feedback_html(data))
+        self.finish(page(f"Feedback: {row.assignment}, attempt {row.attempt}", body,
+                         refresh=SERVICE_REFRESH if row.state != DONE else None))
+
+
+class Notebook(Base):
+    def get(self, submission_id: str) -> None:
+        row = self.upload(submission_id)
+        if row is None:
+            return
+        if row.state != DONE or not row.executed or not Path(row.executed).is_file():
+            return self.refuse(404, "This upload has no executed notebook (yet).")
+        self.set_header("Content-Type", "application/x-ipynb+json")
+        self.set_header("Content-Disposition", f'attachment; filename="{row.notebook}.'
+                        f'attempt{row.attempt}.ipynb"')
+        self.finish(Path(row.executed).read_bytes())
+
+
+class Instructor(Base):
+    instructors_only = True
+
+    def get(self) -> None:
+        service = self.service
+        rows = service.store.rows("ORDER BY id")
+        counted = service.counted_rows()
+        columns = [(a, n) for a in service.assignments for n in sorted(service.sources[a])]
+        learners = sorted(p.id for p in service.config.people.values() if not p.instructor)
+        matrix = []
+        for learner in learners:
+            line = [escape(learner)]
+            for assignment, notebook in columns:
+                mine = [r for r in rows if (r.student, r.assignment, r.notebook)
+                        == (learner, assignment, notebook)]
+                row = counted.get((learner, assignment, notebook))
+                if not mine:
+                    line.append("")
+                    continue
+                pending = sum(r.state != DONE for r in mine)
+                cell = (f'<a href="/submissions/{row.id}">{points(row.counted_score)}/'
+                        f'{points(row.max_score)}</a> {escape(row.status or "")}<br>'
+                        f'{when(row.finished)}<br>' if row else "")
+                line.append(cell + f"{len(mine)} attempt(s)"
+                            + (f", {pending} waiting" if pending else ""))
+            matrix.append(line)
+        order = service.store.queue()
+        by_id = {r.id: r for r in rows}
+        queue = [[str(i + 1), f'<a href="/submissions/{by_id[n].id}">{n}</a>',
+                  escape(by_id[n].student), escape(by_id[n].assignment),
+                  when(by_id[n].created)] for i, n in enumerate(order)]
+        queue += [["grading", f'<a href="/submissions/{r.id}">{r.id}</a>', escape(r.student),
+                   escape(r.assignment), when(r.created)] for r in rows if r.state == GRADING]
+        every = []
+        for r in reversed(rows):
+            waited = f"{r.started - r.created:.1f}" if r.started else ""
+            links = f'<a href="/submissions/{r.id}">feedback</a>' + (
+                f' <a href="/submissions/{r.id}/notebook">notebook</a>' if r.executed else "")
+            every.append([str(r.id), escape(r.student), escape(r.assignment), str(r.attempt),
+                          r.state, escape(r.status or ""),
+                          f"{points(r.counted_score)}/{points(r.max_score)}"
+                          if r.state == DONE else "", points(r.penalty) if r.penalty else "",
+                          when(r.created), waited, points(r.seconds), str(r.gradings), links])
+        body = (signed_in_as(self)
+                + '<p><a href="/instructor/grades.csv">grades.csv</a> (the attempts that '
+                'count; the columns of <code>python -m autograder grade</code>)</p>'
+                + f'<form method=post action="/instructor/regrade">{self.xsrf_form_html()}'
+                '<button>Regrade all</button> (queues every attempt that counts again)</form>'
+                + "<h2>Learners and assignments</h2>"
+                + table(["learner"] + [a if len(service.sources[a]) == 1 else f"{a}/{n}"
+                                       for a, n in columns], matrix)
+                + f"<h2>Queue ({len(queue)})</h2>"
+                + table(["place", "#", "learner", "assignment", "uploaded"], queue)
+                + "<h2>Every upload</h2>"
+                + table(["#", "learner", "assignment", "attempt", "state", "status", "score",
+                         "late penalty", "uploaded", "waited (s)", "graded in (s)",
+                         "gradings", ""], every))
+        self.finish(page("Instructor: submissions", body,
+                         refresh=SERVICE_REFRESH if queue else None))
+
+
+class GradesCsv(Base):
+    instructors_only = True
+
+    def get(self) -> None:
+        self.set_header("Content-Type", "text/csv; charset=utf-8")
+        self.set_header("Content-Disposition", 'attachment; filename="grades.csv"')
+        self.finish(self.service.grades_csv())
+
+
+class Regrade(Base):
+    instructors_only = True
+
+    def post(self) -> None:
+        count = self.service.regrade_all()
+        if self.wants_json():
+            return self.finish({"queued": count})
+        self.redirect("/instructor", status=303)
+
+
+class NotFound(Base):
+    def get(self, *args) -> None:
+        self.refuse(404, "No such page.")
+
+    post = get
+
+
+def routes():
+    return [(r"/", Home), (r"/signin", SignIn), (r"/signout", SignOut), (r"/submit", Submit),
+            (r"/submissions/(\d+)(\.json)?", Feedback), (r"/submissions/(\d+)/notebook", Notebook),
+            (r"/instructor", Instructor), (r"/instructor/grades\.csv", GradesCsv),
+            (r"/instructor/regrade", Regrade)]
+
+

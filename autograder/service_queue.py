@@ -1,0 +1,141 @@
+"""The service's graders: take queued uploads in fair order and grade each on the one
+pipeline, exactly as ``python -m autograder grade`` does.
+
+Each upload becomes a :class:`~autograder.layout.Submission` and goes through the
+runner's ``grade`` (:class:`~autograder.grade.LocalRunner`: its sandbox, its spawner,
+:func:`~autograder.grade.grade_submission`), ``jobs`` at a time. Its results are written
+by :mod:`.report` into a folder of that upload's own; the attempt that counts goes into
+nbgrader's gradebook (:mod:`.gradebook`); then the row is committed ``done``. A service
+killed before that commit grades the upload again at its next start; writing the files
+and the gradebook again replaces what the first try wrote, so nothing is counted twice.
+"""
+from __future__ import annotations
+
+import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Callable, Dict, Optional
+
+from .layout import Course, SourceNotebook, Submission
+from .options import SERVICE_POLL, GradeOptions
+from .service_config import Rules
+from .service_db import Row, Store
+
+
+def graded_folder(files: Path, row: Row) -> Path:
+    """Where one upload's results go: ``FILES/graded/<id>/<student>/<assignment>/``."""
+    return Path(files) / "graded" / str(row.id)
+
+
+class Graders:
+    """``runner.threads()`` graders over the store's queue, in threads of this process."""
+
+    def __init__(self, store: Store, runner, course: Course,
+                 sources: Dict[str, Dict[str, SourceNotebook]], options: GradeOptions,
+                 rules: Dict[str, Rules], files: Path, gradebook: Optional[str] = None,
+                 on_done: Optional[Callable[[Row], None]] = None):
+        self.store, self.runner, self.course = store, runner, course
+        self.sources, self.options, self.rules = sources, options, rules
+        self.files, self.gradebook, self.on_done = Path(files), gradebook, on_done
+        self.jobs = runner.threads()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._slots = threading.Semaphore(self.jobs)
+        self._gradebook_lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(max_workers=self.jobs, thread_name_prefix="service")
+        self._thread = threading.Thread(target=self._dispatch, name="service-queue",
+                                        daemon=True)
+
+    def start(self) -> None:
+        for sources in self.sources.values():
+            self.runner.prepare(sources)
+        self.store.requeue_interrupted()
+        self._thread.start()
+
+    def wake(self) -> None:
+        """Something was queued: look now rather than at the next poll."""
+        self._wake.set()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout=5)
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def _dispatch(self) -> None:
+        while not self._stop.is_set():
+            self._slots.acquire()
+            row = None if self._stop.is_set() else self.store.claim_next()
+            if row is None:
+                self._slots.release()
+                self._wake.wait(SERVICE_POLL)
+                self._wake.clear()
+                continue
+            self._pool.submit(self._grade_and_release, row)
+
+    def _grade_and_release(self, row: Row) -> None:
+        try:
+            self.grade(row)
+        except Exception as error:  # a service bug: the upload still gets a result
+            import traceback
+            traceback.print_exc()
+            self._failed(row, f"the service failed: {type(error).__name__}: {error}")
+        finally:
+            self._slots.release()
+            self._wake.set()
+
+    def submission(self, row: Row) -> Submission:
+        path = Path(row.path)
+        return Submission(row.student, row.assignment, row.notebook, path,
+                          root=self.files / "uploads")
+
+    def grade(self, row: Row) -> None:
+        """Grade one claimed row and commit its result (the one way a row gets one)."""
+        from .report import csv_row, write_submission
+        sources = self.sources[row.assignment]
+        result = self.runner.grade([self.submission(row)], sources, self.options)[0]
+        rules = self.rules[row.assignment]
+        penalty = rules.penalty(result.score, row.days_late)
+        if penalty:
+            result.message += (f"; handed in {row.days_late} day(s) late: {penalty:g} "
+                               f"point(s) off, {result.score - penalty:g} count")
+        out = graded_folder(self.files, row)
+        written = write_submission(result, out)
+        results = next(p for p in written if p.name.endswith(".results.json"))
+        executed = next((p for p in written if p.suffix == ".ipynb"), None)
+        line = csv_row(result)
+        line["score"] = f"{result.score - penalty:g}"
+        if self.gradebook:
+            self._record(row, result, penalty)
+        self.store.finish(row.id, status=result.status, score=result.score,
+                          max_score=result.max_score, penalty=penalty,
+                          message=result.message, seconds=result.seconds,
+                          csv_row=json.dumps(line), results=str(results),
+                          executed=str(executed) if executed else None)
+        if self.on_done is not None:
+            self.on_done(row)
+
+    def _failed(self, row: Row, message: str) -> None:
+        from .grade import ERROR, SubmissionResult
+        from .report import csv_row
+        result = SubmissionResult(self.submission(row), ERROR, message)
+        self.store.finish(row.id, status=ERROR, score=0.0, max_score=0.0, penalty=0.0,
+                          message=message, seconds=0.0, csv_row=json.dumps(csv_row(result)))
+
+    def _record(self, row: Row, result, penalty: float) -> None:
+        """Put the result into nbgrader's gradebook if it is the attempt that counts."""
+        rule = self.rules[row.assignment].counts
+        counted = self.store.counted(row.student, row.assignment, row.notebook, rule)
+        if counted is not None and counted.id != row.id:
+            mine = result.score - penalty
+            if rule == "last" and counted.attempt > row.attempt:
+                return
+            if rule == "best" and (counted.counted_score or 0.0, counted.attempt) > (
+                    mine, row.attempt):
+                return
+        from .gradebook import GradebookWriter
+        with self._gradebook_lock:
+            with GradebookWriter(self.gradebook, course_id=self.course.course_id) as writer:
+                writer.register_assignment(row.assignment, self.sources[row.assignment])
+                writer.record(result)

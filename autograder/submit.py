@@ -1,0 +1,107 @@
+"""``python -m autograder submit NOTEBOOK --to URL --token T``: hand in from a terminal.
+
+Uploads the notebook to the submission service (``python -m autograder serve``), waits
+for its grade, polling the feedback with a deadline, and prints the feedback the web page
+shows: each test with PASS or FAIL, its points and message, then the score. Standard
+library only (urllib), so it runs wherever the learner's notebook does.
+"""
+from __future__ import annotations
+
+import json
+import secrets
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Optional, Tuple
+
+from .options import SERVICE_HTTP_TIMEOUT, SERVICE_POLL
+
+
+class SubmitError(Exception):
+    """The service refused the upload, or could not be reached."""
+
+
+def _request(url: str, token: str, data: Optional[bytes] = None,
+             content_type: Optional[str] = None) -> dict:
+    request = urllib.request.Request(url, data=data, method="POST" if data else "GET")
+    request.add_header("Authorization", f"Bearer {token}")
+    request.add_header("Accept", "application/json")
+    if content_type:
+        request.add_header("Content-Type", content_type)
+    try:
+        with urllib.request.urlopen(request, timeout=SERVICE_HTTP_TIMEOUT) as response:
+            return json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        try:
+            message = json.loads(error.read()).get("error", "")
+        except ValueError:
+            message = ""
+        raise SubmitError(f"{error.code}: {message or error.reason}") from None
+    except urllib.error.URLError as error:
+        raise SubmitError(f"cannot reach {url}: {error.reason}") from None
+
+
+def multipart(fields: dict, name: str, filename: str, body: bytes) -> Tuple[bytes, str]:
+    """A multipart/form-data body with ``fields`` and one file, and its content type."""
+    boundary = secrets.token_hex(16)
+    parts = []
+    for key, value in fields.items():
+        parts.append(f'--{boundary}\r\nContent-Disposition: form-data; name="{key}"\r\n\r\n'
+                     f"{value}\r\n".encode())
+    parts.append(f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"; '
+                 f'filename="{filename}"\r\nContent-Type: application/x-ipynb+json\r\n\r\n'
+                 .encode() + body + b"\r\n")
+    parts.append(f"--{boundary}--\r\n".encode())
+    return b"".join(parts), f"multipart/form-data; boundary={boundary}"
+
+
+def upload(notebook: Path, base: str, token: str, assignment: str = "") -> dict:
+    body, content_type = multipart({"assignment": assignment}, "notebook",
+                                   Path(notebook).name, Path(notebook).read_bytes())
+    return _request(base.rstrip("/") + "/submit", token, body, content_type)
+
+
+def wait(base: str, token: str, submission_id: int, timeout: float,
+         on_wait=None) -> dict:
+    """The feedback of an upload once it is graded (polling until ``timeout``)."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while True:
+        data = _request(f"{base.rstrip('/')}/submissions/{submission_id}.json", token)
+        if data["state"] == "done":
+            return data
+        if on_wait is not None and (data["state"], data.get("position")) != last:
+            on_wait(data)
+            last = (data["state"], data.get("position"))
+        if time.monotonic() > deadline:
+            raise SubmitError(f"not graded after {timeout:g} s; see {base}/submissions/"
+                              f"{submission_id} later")
+        time.sleep(SERVICE_POLL)
+
+
+MARKS = {"passed": "PASS", "failed": "FAIL"}
+
+
+def render(data: dict) -> str:
+    """The feedback as the web page shows it, as text."""
+    lines = [f"{data['assignment']} (attempt {data['attempt']}): {data['status']}"]
+    width = max([len(t["name"]) for t in data["tests"]] + [4])
+    for test in data["tests"]:
+        mark = MARKS.get(test["status"], test["outcome"].upper() or "----")
+        name = test["name"].ljust(width)
+        lines.append(f"  {mark}  {name}  {test['score']:g}/{test['max_score']:g}"
+                     + ("  (hidden test)" if test["hidden"] else ""))
+        for line in (test["output"] or "").splitlines():
+            lines.append(f"        {line}")
+    if data.get("message"):
+        lines.append(f"  {data['message']}")
+    late = (f" ({data['penalty']:g} off: {data['days_late']} day(s) late)"
+            if data.get("penalty") else "")
+    lines.append(f"{data['counted_score']:g} of {data['max_score']:g} points{late}.")
+    return "\n".join(lines)
+
+
+def all_passed(data: dict) -> bool:
+    return data["status"] == "graded" and all(t["status"] == "passed" for t in data["tests"]
+                                              if t["status"] in MARKS)

@@ -1,0 +1,504 @@
+"""The submission service (issue 28): ``python -m autograder serve`` and ``submit``.
+
+The unit tests read the queue's fair order, the store, the configuration files and the
+command line. The integration tests start the real server as users do, on 127.0.0.1 and
+a free port, over a copy of the fixture course, and drive it with ``submit``, with the
+HTML form (a real multipart POST) and as an instructor; one kills it with SIGKILL while it
+grades and starts it again.
+"""
+from __future__ import annotations
+
+import csv
+import http.cookiejar
+import io
+import json
+import os
+import queue
+import re
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from autograder.cli import main, parser
+from autograder.service_config import ConfigError, Rules, read_roster, read_rules
+from autograder.service_db import DONE, GRADING, QUEUED, Store, fair_order
+from autograder.submit import multipart
+from tests.autograder_fixtures.submissions import COURSE, GOOD_SQUARES, answered, write
+
+ROOT = Path(__file__).resolve().parent.parent
+OFF_BY_ONE = "def squares(n):\n    return [k * k for k in range(1, n + 1)]"
+HIDDEN_CODE = ("assert squares(0) == []", "squares(10)[-1] == 81", "except ValueError")
+ROSTER = 'instructors = ["ada"]\nlearners = ["alan", "grace", "linus", "mary"]\n'
+
+
+# ---------------------------------------------------------------- unit tests: the queue
+
+def test_fair_order_serves_the_learner_served_least_recently():
+    # alan uploads twenty times, then grace and linus once each: they need not wait for
+    # all of alan's attempts, and each learner's uploads keep their own order.
+    queued = [(i, "alan") for i in range(1, 21)] + [(21, "grace"), (22, "linus")]
+    order = fair_order(queued, {})
+    assert order[:4] == [1, 21, 22, 2]
+    assert [i for i in order if i <= 20] == list(range(1, 21))
+    # grace was served just now, alan long ago: alan's oldest goes first.
+    assert fair_order([(5, "grace"), (7, "alan"), (6, "alan")], {"alan": 1, "grace": 9}) == \
+        [6, 5, 7]
+    # someone never served goes before everyone who was.
+    assert fair_order([(3, "alan"), (4, "mary")], {"alan": 1})[0] == 4
+    assert fair_order([], {"alan": 1}) == []
+
+
+def test_the_store_claims_in_fair_order_and_commits_a_result_once(tmp_path):
+    store = Store(tmp_path / "service.db")
+    ids = [store.add(student, "demo", "demo", n, tmp_path / f"{student}{n}", time.time(), 0)
+           for student, n in (("alan", 1), ("alan", 2), ("alan", 3), ("grace", 1))]
+    assert store.queue() == [ids[0], ids[3], ids[1], ids[2]]
+    first = store.claim_next()
+    assert (first.id, first.state) == (ids[0], GRADING)
+    assert store.claim_next().id == ids[3]  # grace, before alan's second
+    assert store.finish(first.id, status="graded", score=1.0, max_score=2.0)
+    assert not store.finish(first.id, status="graded", score=1.0)  # not being graded: no
+    # A service killed now: what was being graded is queued again at the next start.
+    assert store.requeue_interrupted() == 1
+    assert store.get(ids[3]).state == QUEUED
+    states = {r.id: (r.state, r.gradings) for r in store.rows()}
+    assert states[first.id] == (DONE, 1)
+    assert store.next_attempt("alan", "demo", "demo") == 4
+    assert store.counted("alan", "demo", "demo", "last").id == first.id
+
+
+def test_tokens_are_stored_only_as_their_hash(tmp_path):
+    from autograder.service_auth import TokenSignIn
+    people = read_roster(roster_course(tmp_path))
+    store = Store(tmp_path / "service.db")
+    issued = dict((p.id, t) for p, t in TokenSignIn(store, people).issue())
+    assert set(issued) == {"ada", "alan", "grace", "linus", "mary"}
+    assert store.person_of(issued["alan"]) == "alan" and store.person_of("wrong") is None
+    with sqlite3.connect(store.path) as db:
+        dump = "\n".join(db.iterdump())
+    assert not any(token in dump for token in issued.values())
+
+
+# ------------------------------------------------------- unit tests: the configuration
+
+def roster_course(tmp_path: Path, rules: str = "") -> Path:
+    course = tmp_path / "course"
+    if not course.exists():
+        shutil.copytree(COURSE, course)
+    (course / "roster.toml").write_text(ROSTER)
+    if rules:
+        (course / "service.toml").write_text(rules)
+    return course
+
+
+def test_rules_default_and_per_assignment(tmp_path):
+    course = roster_course(tmp_path, 'attempts_per_hour = 4\ncounts = "best"\n'
+                           '[assignments.demo]\ndeadline = 2026-01-01T12:00:00+01:00\n'
+                           'late = "penalty"\npenalty_per_day = 0.25\n')
+    default, rules = read_rules(course, ["demo", "other"])
+    assert default == Rules(attempts_per_hour=4, counts="best")
+    demo = rules["demo"]
+    assert demo.deadline == datetime(2026, 1, 1, 11, tzinfo=timezone.utc)
+    assert (demo.attempts_per_hour, demo.counts, demo.late) == (4, "best", "penalty")
+    assert demo.days_late(demo.deadline) == 0
+    assert demo.days_late(demo.deadline + timedelta(minutes=1)) == 1
+    assert demo.days_late(demo.deadline + timedelta(days=1, minutes=1)) == 2
+    assert demo.penalty(8.0, 1) == 2.0 and demo.penalty(8.0, 9) == 8.0
+    assert rules["other"] == default and default.penalty(8.0, 3) == 0.0
+
+
+@pytest.mark.parametrize("text, says", [
+    ('counts = "first"\n', "counts must be one of"),
+    ("attempts_per_hour = 0\n", "attempts_per_hour must be"),
+    ("[assignments.demo]\ndeadline = 2026-01-01T12:00:00\n", "with its offset"),
+    ("[assignments.nope]\nlate = \"refuse\"\n", "no such assignment"),
+    ("[assignments.demo]\npenalty_per_day = 2\n", "penalty_per_day must be"),
+    ("[assignments.demo]\nlate = \"penalty\"\n", "needs a deadline"),
+    ("deadlin = 2026-01-01T12:00:00Z\n", "unknown key"),
+    ("counts = \n", "not valid TOML"),
+])
+def test_a_bad_rules_file_is_a_clear_error(tmp_path, text, says):
+    course = roster_course(tmp_path, text)
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        read_rules(course, ["demo"])
+
+
+def test_serve_refuses_to_start_on_bad_configuration(tmp_path, capsys):
+    course = roster_course(tmp_path, 'counts = "first"\n')
+    assert main(["serve", "--course", str(course), "--port", "0"]) == 2
+    assert "service.toml: top level: counts must be one of" in capsys.readouterr().err
+    (course / "service.toml").unlink()
+    (course / "roster.toml").write_text('learners = ["alan"]\n')
+    assert main(["serve", "--course", str(course)]) == 2
+    assert "no instructors" in capsys.readouterr().err
+    (course / "roster.toml").unlink()
+    assert main(["serve", "--course", str(course)]) == 2
+    assert "roster.toml is missing" in capsys.readouterr().err
+
+
+def test_issue_tokens_prints_one_link_each(tmp_path, capsys):
+    course = roster_course(tmp_path)
+    assert main(["serve", "--course", str(course), "--issue-tokens", "alan",
+                 "--url", "http://course.example:9000/"]) == 0
+    lines = [line.split("\t") for line in capsys.readouterr().out.splitlines()
+             if not line.startswith("#")]
+    assert [line[:2] for line in lines] == [["alan", "learner"]]
+    assert lines[0][2].startswith("http://course.example:9000/signin?token=")
+    assert main(["serve", "--course", str(course), "--issue-tokens", "nobody"]) == 2
+
+
+def test_serve_and_submit_options():
+    args = parser().parse_args(["serve"])
+    assert (args.host, args.port, args.db, args.gradebook) == ("127.0.0.1", 8765, None, "")
+    assert parser().parse_args(["serve", "--no-gradebook"]).gradebook is None
+    args = parser().parse_args(["submit", "nb.ipynb", "--to", "http://h:1", "--token", "t"])
+    assert (args.to, args.token, args.assignment) == ("http://h:1", "t", "")
+
+
+# ------------------------------------------------------------ the real server, driven
+
+def autograder(*args, timeout=300):
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.run([sys.executable, "-m", "autograder", *map(str, args)], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def until(condition, timeout=120.0, what="the condition"):
+    """Poll ``condition`` until it returns something true, or fail after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+class Server:
+    """``python -m autograder serve`` on a free port of 127.0.0.1, as a process of its own."""
+
+    def __init__(self, course: Path, *extra):
+        self.course = course
+        self.log = open(course / f"server-{time.monotonic_ns()}.log", "w")
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "autograder", "serve", "--course", str(course),
+             "--port", "0", "--jobs", "1", "--device", "cpu", "--cell-timeout", "30",
+             *extra], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=self.log, text=True,
+            start_new_session=True)
+        lines: queue.Queue = queue.Queue()
+        threading.Thread(target=lambda: [lines.put(line) for line in self.process.stdout],
+                         daemon=True).start()
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
+            except queue.Empty:
+                self.kill()
+                raise AssertionError("the server did not start: " + self.errors())
+            found = re.search(r"at (http://127\.0\.0\.1:\d+)/", line)
+            if found:
+                self.url = found.group(1)
+                return
+
+    def errors(self) -> str:
+        self.log.flush()
+        return Path(self.log.name).read_text()[-3000:]
+
+    def kill(self, sig=signal.SIGKILL) -> None:
+        """The server and everything it started (fork server, kernels), as a crash would."""
+        try:
+            os.killpg(self.process.pid, sig)
+        except ProcessLookupError:
+            pass
+        self.process.wait(timeout=60)
+        self.log.close()
+
+
+def tokens(course: Path) -> dict:
+    done = autograder("serve", "--course", course, "--issue-tokens")
+    assert done.returncode == 0, done.stderr
+    return {line.split("\t")[0]: line.split("\t")[2].split("token=")[1]
+            for line in done.stdout.splitlines() if not line.startswith("#")}
+
+
+def request(url, token=None, data=None, headers=None, method=None):
+    """(status, body) of one request, signed with ``token`` as a Bearer token if given."""
+    req = urllib.request.Request(url, data=data, method=method, headers=dict(headers or {}))
+    if token is not None:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=60) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read()
+
+
+def upload(server, token, nb, assignment="demo"):
+    body, kind = multipart({"assignment": assignment}, "notebook", "demo.ipynb",
+                           nbformat.writes(nb).encode())
+    return request(f"{server.url}/submit", token, body, {"Content-Type": kind})
+
+
+def feedback(server, token, submission_id):
+    status, body = request(f"{server.url}/submissions/{submission_id}.json", token)
+    assert status == 200, body
+    return json.loads(body)
+
+
+def graded(server, token, submission_id, timeout=120.0):
+    return until(lambda: (lambda d: d if d["state"] == DONE else None)(
+        feedback(server, token, submission_id)), timeout, f"submission {submission_id}")
+
+
+def with_rules(tmp_path_factory, name: str) -> Path:
+    """A copy of the fixture course with two more assignments (copies of demo): ``closed``
+    (its deadline passed, late uploads refused) and ``late`` (a penalty per day)."""
+    course = tmp_path_factory.mktemp(name) / "course"
+    shutil.copytree(COURSE, course)
+    for other in ("closed", "late"):
+        shutil.copytree(course / "solutions" / "demo", course / "solutions" / other)
+    past = (datetime.now(timezone.utc) - timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    (course / "roster.toml").write_text(ROSTER)
+    (course / "service.toml").write_text(
+        "attempts_per_hour = 3\n"
+        f"[assignments.closed]\ndeadline = {past}\n"
+        f'[assignments.late]\ndeadline = {past}\nlate = "penalty"\npenalty_per_day = 0.25\n')
+    return course
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory):
+    course = with_rules(tmp_path_factory, "service")
+    people = tokens(course)
+    server = Server(course)
+    yield server, people
+    server.kill(signal.SIGTERM)
+
+
+@pytest.fixture(scope="module")
+def alan_submitted(service, tmp_path_factory):
+    """alan hands in with ``python -m autograder submit`` twice: an off-by-one squares(),
+    then a correct notebook. Returns both runs and the first upload's id."""
+    server, people = service
+    runs = []
+    for nb in (answered(squares=OFF_BY_ONE), answered()):
+        path = write(tmp_path_factory.mktemp("alan"), "alan", nb)
+        runs.append(autograder("submit", path, "--to", server.url, "--token", people["alan"],
+                               "--assignment", "demo"))
+    first = re.search(r"/submissions/(\d+)", runs[0].stdout)
+    assert first, runs[0].stdout + runs[0].stderr
+    return runs, int(first.group(1))
+
+
+@pytest.mark.integration
+def test_submit_uploads_waits_and_prints_the_feedback(service, alan_submitted):
+    server, people = service
+    (done, again), _ = alan_submitted
+    assert done.returncode == 1, done.stdout + done.stderr  # not every test passed
+    out = done.stdout
+    lines = [line.split() for line in out.splitlines()]
+    assert ["FAIL", "test_squares", "0/2", "(hidden", "test)"] in lines, out
+    assert ["PASS", "test_mean", "1/1"] in lines
+    assert ["FAIL", "test_partial", "1/2"] in lines
+    assert "squares(3) gave [1, 4, 9], expected [0, 1, 4]" in out
+    assert "5 of 8 points." in out and "skipped on the CPU" in out
+    assert not any(code in out for code in HIDDEN_CODE)
+    # Stored per learner per attempt, and graded once.
+    uploads = server.course / "service-files" / "uploads" / "alan" / "demo" / "1"
+    assert (uploads / "demo.ipynb").is_file() and (uploads / "timestamp.txt").is_file()
+    # A correct notebook, again from the terminal: a second attempt, full marks, exit 0.
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "(attempt 2)" in again.stdout and "8 of 8 points." in again.stdout
+
+
+@pytest.mark.integration
+def test_a_learner_hands_in_through_the_html_form(service):
+    server, people = service
+    jar = http.cookiejar.CookieJar()
+    browser = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar))
+    with browser.open(f"{server.url}/signin?token={people['grace']}", timeout=60) as page:
+        home = page.read().decode()
+        assert page.url == f"{server.url}/"
+    assert "Signed in as <b>grace</b>" in home and 'enctype="multipart/form-data"' in home
+    xsrf = re.search(r'name="_xsrf" value="([^"]+)"', home).group(1)
+    nb = answered(mean="def mean(values):\n    values = list(values)\n"
+                       "    return sum(values) / len(values)")
+    body, kind = multipart({"_xsrf": xsrf, "assignment": "demo"}, "notebook", "demo.ipynb",
+                           nbformat.writes(nb).encode())
+    post = urllib.request.Request(f"{server.url}/submit", data=body,
+                                  headers={"Content-Type": kind})
+    with browser.open(post, timeout=60) as page:  # 303 to the upload's own page
+        where = page.url
+        first = page.read().decode()
+    assert re.fullmatch(rf"{server.url}/submissions/\d+", where), where
+    assert "queue" in first or "graded" in first or "Being graded" in first
+
+    def done():
+        with browser.open(where, timeout=60) as page:
+            text = page.read().decode()
+        return text if "Download the executed notebook" in text else None
+    text = until(done, what="grace's feedback page")
+    assert '<span class="PASS">PASS</span></td><td>test_mean</td><td>1/1' in text
+    assert '<span class="FAIL">FAIL</span></td><td>test_mean_hidden (hidden test)</td>' in text
+    assert "<b>6/8</b> points" in text
+    assert not any(code in text for code in HIDDEN_CODE)
+    with browser.open(where + "/notebook", timeout=60) as page:
+        executed = nbformat.reads(page.read().decode(), as_version=4)
+    assert any("hidden tests, not shown" in cell.source for cell in executed.cells)
+    assert not any(code in cell.source for cell in executed.cells for code in HIDDEN_CODE)
+    # Without the form's XSRF token a browser's POST is refused.
+    body, kind = multipart({"assignment": "demo"}, "notebook", "demo.ipynb",
+                           nbformat.writes(nb).encode())
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        browser.open(urllib.request.Request(f"{server.url}/submit", data=body,
+                                            headers={"Content-Type": kind}), timeout=60)
+    assert refused.value.code == 403
+
+
+@pytest.mark.integration
+def test_a_wrong_token_is_refused_on_every_route(service, alan_submitted):
+    server, people = service
+    n = alan_submitted[1]
+    routes = [("GET", "/"), ("GET", f"/submissions/{n}"), ("GET", f"/submissions/{n}.json"),
+              ("GET", f"/submissions/{n}/notebook"), ("GET", "/instructor"),
+              ("GET", "/instructor/grades.csv"), ("GET", "/no/such/page"),
+              ("POST", "/submit"), ("POST", "/instructor/regrade"), ("POST", "/signout")]
+    for token in ("wrong", "", people["alan"][:-1]):
+        for method, path in routes:
+            status, body = request(server.url + path, token, method=method,
+                                   data=b"" if method == "POST" else None)
+            assert status in (401, 403), (token, method, path, status)
+            assert b"5/8" not in body and b"alan" not in body
+        assert request(f"{server.url}/signin?token={token}")[0] == 403
+    for method, path in routes[:4]:  # and with no credentials at all
+        assert request(server.url + path, method=method)[0] == 401
+    # A learner sees neither the instructor's pages nor another learner's uploads.
+    for path in ("/instructor", "/instructor/grades.csv"):
+        assert request(server.url + path, people["grace"])[0] == 403
+    assert request(f"{server.url}/submissions/{n}.json", people["grace"])[0] == 404
+    assert request(f"{server.url}/submissions/{n}/notebook", people["grace"])[0] == 404
+    assert request(f"{server.url}/submissions/{n}.json", people["ada"])[0] == 200
+
+
+@pytest.mark.integration
+def test_attempts_per_hour_and_the_deadline(service):
+    server, people = service
+    linus = people["linus"]
+    ids = []
+    for _ in range(3):
+        status, body = upload(server, linus, answered())
+        assert status == 201, body
+        ids.append(json.loads(body)["id"])
+    status, body = upload(server, linus, answered())
+    assert status == 429 and "the limit is 3 an hour" in json.loads(body)["error"]
+    status, body = upload(server, linus, answered(), assignment="closed")
+    assert status == 403 and "uploads are closed" in json.loads(body)["error"]
+    status, body = upload(server, linus, answered(), assignment="late")
+    assert status == 201, body
+    late = graded(server, linus, json.loads(body)["id"])
+    assert (late["score"], late["penalty"], late["counted_score"]) == (8.0, 2.0, 6.0)
+    assert late["days_late"] == 1
+    assert [graded(server, linus, i)["attempt"] for i in ids] == [1, 2, 3]
+
+
+@pytest.mark.integration
+def test_an_unreadable_upload_gets_a_result_that_says_why(service):
+    server, people = service
+    body, kind = multipart({"assignment": "demo"}, "notebook", "demo.ipynb", b"{not json")
+    status, answer = request(f"{server.url}/submit", people["mary"], body,
+                             {"Content-Type": kind})
+    assert status == 201, answer
+    data = graded(server, people["mary"], json.loads(answer)["id"])
+    assert data["status"] == "invalid" and "is not a Jupyter notebook" in data["message"]
+    status, answer = request(f"{server.url}/submit", people["mary"], body,
+                             {"Content-Type": "multipart/form-data; boundary=x"})
+    assert status == 400  # no file in the form
+
+
+@pytest.mark.integration
+def test_the_instructor_page_grades_csv_gradebook_and_regrade(service, alan_submitted):
+    server, people = service
+    ada = people["ada"]
+    # every upload so far graded (the other tests' too)
+    until(lambda: b"<h2>Queue (0)</h2>" in request(f"{server.url}/instructor", ada)[1],
+          what="an empty queue")
+    status, body = request(f"{server.url}/instructor", ada)
+    page = body.decode()
+    assert status == 200 and "<th>learner</th><th>closed</th><th>demo</th><th>late</th>" in page
+    assert re.search(r"<td>alan</td><td></td><td><a href=\"/submissions/\d+\">8/8</a> graded", page)
+    assert "grades.csv" in page and 'action="/instructor/regrade"' in page
+    status, body = request(f"{server.url}/instructor/grades.csv", ada)
+    rows = list(csv.DictReader(io.StringIO(body.decode())))
+    from autograder.report import CSV_COLUMNS
+    assert tuple(rows[0]) == CSV_COLUMNS
+    scores = {(r["student_id"], r["assignment"]): float(r["score"]) for r in rows}
+    assert scores[("alan", "demo")] == 8.0  # the last attempt counts
+    # nbgrader's gradebook holds the attempt that counts, one submission each
+    from nbgrader.api import Gradebook
+    with Gradebook(f"sqlite:///{server.course / 'gradebook.db'}") as gb:
+        assert gb.find_submission("demo", "alan").score == 8.0
+    # Regrade all: every counted attempt is graded again, with the same scores.
+    counted = len(rows)
+    status, body = request(f"{server.url}/instructor/regrade", ada, data=b"", method="POST")
+    assert status == 200 and json.loads(body) == {"queued": counted}
+    with sqlite3.connect(server.course / "service.db") as db:
+        regraded = until(lambda: db.execute(
+            "SELECT COUNT(*) FROM submissions WHERE gradings = 2 AND state = 'done'"
+        ).fetchone()[0] == counted and db.execute(
+            "SELECT COUNT(*) FROM submissions WHERE state != 'done'").fetchone()[0] == 0,
+            what="the regrade")
+    assert regraded
+    status, body = request(f"{server.url}/instructor/grades.csv", ada)
+    again = {(r["student_id"], r["assignment"]): float(r["score"])
+             for r in csv.DictReader(io.StringIO(body.decode()))}
+    assert again == scores
+
+
+@pytest.mark.integration
+def test_killed_while_grading_then_restarted_grades_each_upload_exactly_once(
+        tmp_path_factory):
+    course = with_rules(tmp_path_factory, "killed")
+    people = tokens(course)
+    server = Server(course)
+    slow = answered(squares="import time\ntime.sleep(3)\n" + GOOD_SQUARES)
+    acknowledged = {}
+    try:
+        for learner in ("alan", "alan", "grace", "mary"):
+            status, body = upload(server, people[learner], slow)
+            assert status == 201, body
+            acknowledged[json.loads(body)["id"]] = learner
+        db = sqlite3.connect(course / "service.db")
+        until(lambda: db.execute("SELECT COUNT(*) FROM submissions WHERE state = ?",
+                                 (GRADING,)).fetchone()[0], what="a row being graded")
+    finally:
+        server.kill()  # SIGKILL, mid-grading
+    states = dict(db.execute("SELECT id, state FROM submissions").fetchall())
+    assert set(states) == set(acknowledged) and GRADING in states.values()
+    server = Server(course)  # the same course, database and files
+    try:
+        until(lambda: db.execute("SELECT COUNT(*) FROM submissions WHERE state = 'done'")
+              .fetchone()[0] == len(acknowledged), timeout=180, what="every upload graded")
+        rows = db.execute("SELECT id, student, gradings, score FROM submissions").fetchall()
+        assert {r[0]: r[1] for r in rows} == acknowledged
+        assert all(r[2] == 1 for r in rows), rows  # each result committed exactly once
+        assert all(r[3] == 8.0 for r in rows), rows
+    finally:
+        server.kill(signal.SIGTERM)
+        db.close()
+    with sqlite3.connect(course / "gradebook.db") as gradebook:
+        per_learner = gradebook.execute(
+            "SELECT student_id, COUNT(*) FROM submitted_assignment GROUP BY student_id"
+        ).fetchall()
+    assert sorted(per_learner) == [("alan", 1), ("grace", 1), ("mary", 1)]
