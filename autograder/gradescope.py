@@ -256,8 +256,8 @@ def build(course: Course, assignment: str, out: Path, limits: Limits = Limits())
 def _lay_out(upload: Path, folder: Path, notebooks: List[str]) -> List[str]:
     """Copy the learner's upload into ``folder`` (``submitted/<student>/<assignment>/``):
     regular files only (links are left out, never followed), at most ``COPY_BUDGET`` bytes.
-    A notebook in a subfolder (an uploaded folder or zip) is taken up to the top when the
-    top holds none. Returns notes for the learner."""
+    When the top holds none of the assignment's notebooks, the notebooks in subfolders (an
+    uploaded folder or zip) are taken up to it. Returns notes for the learner."""
     notes: List[str] = []
     budget = COPY_BUDGET
     found: List[Tuple[Path, Path]] = []
@@ -271,10 +271,11 @@ def _lay_out(upload: Path, folder: Path, notebooks: List[str]) -> List[str]:
         elif stat.S_ISREG(info.st_mode) and info.st_size <= budget:
             budget -= info.st_size
             found.append((path, relative))
-    if not any(len(rel.parts) == 1 and rel.suffix == ".ipynb" for _, rel in found):
+    top = {rel.name for _, rel in found if len(rel.parts) == 1 and rel.suffix == ".ipynb"}
+    if not top & {f"{name}.ipynb" for name in notebooks}:
         lifted = {}
         for path, relative in found:
-            if relative.suffix == ".ipynb" and relative.name not in lifted:
+            if relative.suffix == ".ipynb" and relative.name not in top | set(lifted):
                 lifted[relative.name] = (path, Path(relative.name))
                 notes.append(f"took '{relative}' out of its folder")
         found += lifted.values()
