@@ -15,8 +15,9 @@ Gradescope's "Configure Autograder" page takes. It holds:
   ``nbgrader_config.py`` and ``solutions/NAME/`` only: the instructor's notebook, hidden
   tests included, and its support files), ``gradescope.json`` (the assignment and its limits).
 
-The solutions reach Gradescope's ``/autograder/source`` only, which learners never see, and
-grading hides that folder from the learner's kernel. Nothing else of the course is in the zip.
+The solutions reach Gradescope's ``/autograder/source`` only, which learners never see;
+grading hides ``course/`` from the learner's kernel and makes it readable by its owner alone.
+Nothing else of the course is in the zip.
 """
 from __future__ import annotations
 
@@ -325,6 +326,9 @@ def grade_upload(root: Path) -> dict:
     source = root / "source"
     manifest = json.loads((source / MANIFEST).read_text())
     assignment, notebooks = manifest["assignment"], manifest["notebooks"]
+    # The solutions, for the grader's user alone: where the container refuses the kernel
+    # its mount namespace, the kernel (the user nobody) still cannot read them.
+    (source / COURSE).chmod(0o700)
     with tempfile.TemporaryDirectory(prefix="gradescope-") as tmp:
         submitted, out = Path(tmp) / "submitted", Path(tmp) / "graded"
         folder = submitted / STUDENT / assignment

@@ -188,6 +188,7 @@ def graded(built, tmp_path_factory):
             else:
                 nbformat.write(content, str(path))
         found[case] = run_autograder(root)
+    found["course_mode"] = stat.S_IMODE((base / "solved" / "source" / "course").stat().st_mode)
     # The same files graded directly by `python -m autograder grade`, to compare
     submitted = base / "direct"
     for case in ("solved", "release"):
@@ -226,6 +227,7 @@ def test_every_upload_gets_a_result_and_the_script_exits_zero(graded):
 def test_the_solved_notebook_gets_full_marks_as_the_grader_gives(graded):
     _, results = graded["solved"]
     assert full_marks(results), results
+    assert graded["course_mode"] == 0o700  # the solutions: the grader's user alone
     assert scores(results) == scores(graded["direct"]["solved"])
     assert {t["visibility"] for t in results["tests"]} <= {"visible", "after_published"}
 
