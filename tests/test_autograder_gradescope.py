@@ -127,6 +127,13 @@ def test_a_large_file_is_refused(tmp_path):
     assert not out.exists()
 
 
+def test_an_unknown_assignment_is_an_error(tmp_path):
+    done = autograder("gradescope", "--assignment", "no_such_thing", "--out", tmp_path / "x.zip")
+    assert done.returncode == 2
+    assert "no assignment 'no_such_thing'" in done.stderr
+    assert not (tmp_path / "x.zip").exists()
+
+
 def test_the_scripts_are_executable_bash(built, tmp_path):
     for name in ("setup.sh", "run_autograder"):
         assert (built["infos"][name].external_attr >> 16) & 0o111 == 0o111, name
