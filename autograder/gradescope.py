@@ -56,7 +56,7 @@ SETUP_SH = r"""#!/usr/bin/env bash
 # course's package (dlperf and the grader) from package/, into a virtual environment.
 set -euo pipefail
 SOURCE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-VENV=@VENV@
+VENV="${AUTOGRADER_VENV:-@VENV@}"
 export DEBIAN_FRONTEND=noninteractive PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 
 apt-get update

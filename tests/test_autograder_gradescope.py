@@ -159,6 +159,36 @@ def test_setup_installs_the_course_pins(built):
     assert '"$SOURCE/package[grader]"' in setup
 
 
+STUB = """#!/bin/bash
+echo "$(basename "$0") $*" >> "$STEPS"
+if [ "$1 $2" = "-m venv" ]; then mkdir -p "$3/bin" && cp "$0" "$3/bin/python"; fi
+"""
+
+
+def test_setup_sh_takes_its_steps_in_order(built, tmp_path):
+    """setup.sh with apt-get and Python stubbed (no network here): what it would run."""
+    root = unpack(built["zip"], tmp_path / "autograder")
+    stubs = tmp_path / "stubs"
+    stubs.mkdir()
+    for name in ("apt-get", "python3.12"):
+        (stubs / name).write_text(STUB)
+        (stubs / name).chmod(0o755)
+    steps, venv = tmp_path / "steps.log", tmp_path / "venv"
+    env = dict(os.environ, PATH=f"{stubs}:{os.environ['PATH']}", STEPS=str(steps),
+               AUTOGRADER_VENV=str(venv))
+    done = subprocess.run(["bash", str(root / "source" / "setup.sh")], cwd=root / "source",
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    log = steps.read_text().splitlines()
+    torch = [line for line in log if "--index-url" in line]
+    assert log[0] == "apt-get update"
+    assert f"python3.12 -m venv {venv}" in log
+    assert torch and "https://download.pytorch.org/whl/cpu torch==" in torch[0]
+    source = root / "source"
+    assert log.index(torch[0]) < log.index(f"python -m pip install {source}/package[grader]")
+    assert log[-1].startswith("python -c import torch, dlperf, autograder.cli")
+
+
 def test_a_grader_that_cannot_start_still_gives_a_result(built, tmp_path):
     root = unpack(built["zip"], tmp_path / "autograder")
     done, results = run_autograder(root, python="/bin/false")
