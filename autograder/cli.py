@@ -1,4 +1,4 @@
-"""Command line: ``python -m autograder grade``, ``check``, ``serve`` and ``submit``."""
+"""Command line: ``python -m autograder grade``, ``check``, ``serve``, ``submit`` and ``gradescope``."""
 from __future__ import annotations
 
 import argparse
@@ -130,6 +130,20 @@ def parser() -> argparse.ArgumentParser:
     submit.add_argument("--wait", type=_positive(float), default=SERVICE_SUBMIT_WAIT,
                         metavar="SECONDS", help="how long to wait for the grade "
                         "(default %(default)g)")
+    gradescope = commands.add_parser(
+        "gradescope", help="build the autograder zip of an assignment for Gradescope",
+        description="Write the zip Gradescope's autograder takes for one assignment: setup.sh "
+                    "(installs the grader and the course's pinned requirements), "
+                    "run_autograder (grades each submission with `grade`), the course's "
+                    "package and the instructor's notebook of that assignment only.")
+    gradescope.add_argument("--assignment", required=True, metavar="NAME",
+                            help="the assignment (a folder of the course's source directory)")
+    gradescope.add_argument("--out", type=Path, default=None, metavar="FILE.zip",
+                            help="where to write the zip (default: "
+                                 "_build/gradescope/NAME.zip in the course directory)")
+    gradescope.add_argument("--course", type=Path, default=Path("."), metavar="DIR",
+                            help="the course directory (default: the current directory)")
+    add_time_limits(gradescope)
     return top
 
 
@@ -334,6 +348,25 @@ def run_submit(args: argparse.Namespace) -> int:
     return 0 if all_passed(data) else 1
 
 
+def run_gradescope(args: argparse.Namespace) -> int:
+    from .gradescope import build, describe
+    from .grade import planned_tests
+    from .layout import Course
+    from .options import CPU, Limits
+    try:
+        course = Course.discover(args.course)
+        out = args.out or course.root / "_build" / "gradescope" / f"{args.assignment}.zip"
+        built = build(course, args.assignment, out,
+                      Limits(cell=args.cell_timeout, notebook=args.timeout))
+    except (FileNotFoundError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    points = sum(test.points for source in course.source_notebooks(args.assignment).values()
+                 for test in planned_tests(source, CPU).tests if not test.skipped)
+    print(describe(built, points))
+    return 0
+
+
 def _skip_unneeded_grammar() -> None:
     # jsonschema, which nbformat imports, compiles a grammar for its "iri" format check when
     # the optional rfc3987_syntax package is installed: about 2 s of CPU at every start, for
@@ -352,4 +385,6 @@ def main(argv: Optional[List[str]] = None) -> int:
         return run_serve(args)
     if args.command == "submit":
         return run_submit(args)
+    if args.command == "gradescope":
+        return run_gradescope(args)
     return run_check(args)

@@ -43,6 +43,8 @@ COPY_BUDGET = 100 * 10**6       # bytes of a submission's folder copied at most 
 WORKERS_TIMEOUT = 60.0          # seconds a Dask run waits for a first worker
 RETRIES = 1                     # Dask: re-runs of a task that raised (deaths counted apart)
 KILLED_WORKER_ROUNDS = 2        # Dask: rounds of allowed-failures + 1 worker deaths
+GRADESCOPE_FILE_LIMIT = 5 * MiB   # the largest file a Gradescope autograder zip may hold
+GRADESCOPE_ZIP_LIMIT = 20 * MiB   # all its files together, before compression
 
 # The submission service (`python -m autograder serve`, issue 28). Its upload limit is the
 # grader's own limit on a submitted notebook (layout.MAX_NOTEBOOK_BYTES).

@@ -1,0 +1,320 @@
+"""``python -m autograder gradescope``: the zip for Gradescope, built with the real command for
+the course's smallest assignment, unpacked as Gradescope unpacks it and run as Gradescope runs
+it (``run_autograder`` with ``AUTOGRADER_ROOT`` pointing at a temporary ``/autograder``).
+setup.sh's installs are not run: this environment already has them."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import stat
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from autograder.options import GRADESCOPE_FILE_LIMIT, GRADESCOPE_ZIP_LIMIT
+from tests.assignments import (ASSIGNMENTS, HIDDEN, SOLUTIONS, release_notebook,
+                               solution_notebook, submission)
+
+ROOT = Path(__file__).resolve().parent.parent
+# The smallest assignment (its instructor's notebook), the quickest to grade
+ASSIGNMENT = min(ASSIGNMENTS, key=lambda a: (SOLUTIONS / a / f"{ASSIGNMENTS[a]}.ipynb")
+                 .stat().st_size)
+NOTEBOOK = f"{ASSIGNMENTS[ASSIGNMENT]}.ipynb"
+
+
+def autograder(*args, cwd=ROOT, timeout=600):
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.run([sys.executable, "-m", "autograder", *map(str, args)], cwd=cwd,
+                          env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    out = tmp_path_factory.mktemp("gradescope") / "autograder.zip"
+    done = autograder("gradescope", "--assignment", ASSIGNMENT, "--out", out)
+    assert done.returncode == 0, done.stderr[-3000:]
+    with zipfile.ZipFile(out) as archive:
+        infos = {info.filename: info for info in archive.infolist()}
+        texts = {name: archive.read(name).decode() for name in
+                 ("setup.sh", "run_autograder", "requirements.txt", "gradescope.json")}
+    return {"zip": out, "done": done, "infos": infos, "texts": texts}
+
+
+def unpack(zip_path: Path, root: Path) -> Path:
+    """``root`` laid out as Gradescope's /autograder: source/ (the zip, modes kept as unzip
+    keeps them), run_autograder copied beside it, submission/ and results/ empty."""
+    source = root / "source"
+    with zipfile.ZipFile(zip_path) as archive:
+        for info in archive.infolist():
+            archive.extract(info, source)
+            (source / info.filename).chmod((info.external_attr >> 16) & 0o777)
+    shutil.copy2(source / "run_autograder", root / "run_autograder")
+    (root / "submission").mkdir()
+    (root / "results").mkdir()
+    return root
+
+
+def run_autograder(root: Path, python: str = sys.executable):
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the zip's copy runs
+    env.update(AUTOGRADER_ROOT=str(root), AUTOGRADER_PYTHON=python)
+    done = subprocess.run([str(root / "run_autograder")], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=600)
+    results = json.loads((root / "results" / "results.json").read_text())
+    return done, results
+
+
+# --------------------------------------------------------------------- the zip itself
+
+def test_the_command_writes_the_zip_and_says_its_points(built):
+    assert built["zip"].is_file()
+    assert "Zip file upload" in built["done"].stdout
+    max_points = sum(float(c.metadata["nbgrader"]["points"]) for c in
+                     solution_notebook(ASSIGNMENT).cells
+                     if c.metadata.get("nbgrader", {}).get("grade")
+                     and not c.metadata["nbgrader"].get("solution")
+                     and not c.metadata["nbgrader"]["grade_id"].endswith("_gpu"))
+    assert f"its points are {max_points:g}" in built["done"].stdout
+
+
+def test_the_zip_holds_this_assignment_and_nothing_else_of_the_course(built):
+    names = set(built["infos"])
+    assert {"setup.sh", "run_autograder", "requirements.txt", "gradescope.json"} <= names
+    solutions = {f"course/solutions/{ASSIGNMENT}/{p.relative_to(SOLUTIONS / ASSIGNMENT)}"
+                 for p in (SOLUTIONS / ASSIGNMENT).rglob("*") if p.is_file()}
+    assert {n for n in names if n.startswith("course/")} == solutions | {
+        "course/nbgrader_config.py"}
+    package = {n for n in names if n.startswith("package/")}
+    assert {n.split("/")[1] for n in package} == {"pyproject.toml", "dlperf", "autograder"}
+    assert all(n.endswith(".py") for n in package - {"package/pyproject.toml"}), package
+    rest = names - package - solutions
+    assert rest == {"setup.sh", "run_autograder", "requirements.txt", "gradescope.json",
+                    "course/nbgrader_config.py"}
+    others = set(ASSIGNMENTS) - {ASSIGNMENT}
+    assert not [n for n in names for other in others if other in n]
+    assert json.loads(built["texts"]["gradescope.json"])["assignment"] == ASSIGNMENT
+
+
+def test_the_zip_is_small(built):
+    sizes = {name: info.file_size for name, info in built["infos"].items()}
+    assert max(sizes.values()) <= GRADESCOPE_FILE_LIMIT
+    assert sum(sizes.values()) <= GRADESCOPE_ZIP_LIMIT
+    assert built["zip"].stat().st_size < 1024 ** 2  # in fact a few hundred KiB
+
+
+def test_a_large_file_is_refused(tmp_path):
+    course = tmp_path / "course"
+    course.mkdir()
+    for name in ("pyproject.toml", "requirements.txt", "nbgrader_config.py"):
+        shutil.copy2(ROOT / name, course / name)
+    for package in ("dlperf", "autograder"):
+        shutil.copytree(ROOT / package, course / package,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(SOLUTIONS / ASSIGNMENT, course / "solutions" / ASSIGNMENT)
+    big = course / "solutions" / ASSIGNMENT / "weights.bin"
+    big.write_bytes(b"\0" * (GRADESCOPE_FILE_LIMIT + 1))
+    out = tmp_path / "out.zip"
+    done = autograder("gradescope", "--assignment", ASSIGNMENT, "--course", course,
+                      "--out", out)
+    assert done.returncode == 2
+    assert "weights.bin" in done.stderr and "MiB" in done.stderr, done.stderr
+    assert not out.exists()
+
+
+def test_an_unknown_assignment_is_an_error(tmp_path):
+    done = autograder("gradescope", "--assignment", "no_such_thing", "--out", tmp_path / "x.zip")
+    assert done.returncode == 2
+    assert "no assignment 'no_such_thing'" in done.stderr
+    assert not (tmp_path / "x.zip").exists()
+
+
+def test_the_scripts_are_executable_bash(built, tmp_path):
+    for name in ("setup.sh", "run_autograder"):
+        assert (built["infos"][name].external_attr >> 16) & 0o111 == 0o111, name
+        script = tmp_path / name
+        script.write_text(built["texts"][name])
+        assert built["texts"][name].startswith("#!/usr/bin/env bash\n")
+        done = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+        assert done.returncode == 0, (name, done.stderr)
+
+
+def test_setup_installs_the_course_pins(built):
+    setup, listed = built["texts"]["setup.sh"], built["texts"]["requirements.txt"]
+    lines = [line for line in listed.splitlines() if line and not line.startswith("#")]
+    course = {line.strip() for line in (ROOT / "requirements.txt").read_text().splitlines()}
+    assert set(lines) <= course, set(lines) - course  # the course's own lines, pins and all
+    names = {re.split(r"[<>=!~]", line)[0] for line in lines}
+    assert {"torch", "torchvision", "numpy", "nbgrader", "papermill", "ipykernel"} <= names
+    assert "torch==" in listed
+    for line in lines:
+        assert shlex.quote(line) in setup, line
+    torch = next(line for line in setup.splitlines() if "--index-url" in line)
+    assert "https://download.pytorch.org/whl/cpu" in torch and "torch==" in torch
+    assert '"$SOURCE/package[grader]"' in setup
+
+
+STUB = """#!/bin/bash
+echo "$(basename "$0") $*" >> "$STEPS"
+if [ "$1 $2" = "-m venv" ]; then mkdir -p "$3/bin" && cp "$0" "$3/bin/python"; fi
+"""
+
+
+def test_setup_sh_takes_its_steps_in_order(built, tmp_path):
+    """setup.sh with apt-get and Python stubbed (no network here): what it would run."""
+    root = unpack(built["zip"], tmp_path / "autograder")
+    stubs = tmp_path / "stubs"
+    stubs.mkdir()
+    for name in ("apt-get", "python3.12"):
+        (stubs / name).write_text(STUB)
+        (stubs / name).chmod(0o755)
+    steps, venv = tmp_path / "steps.log", tmp_path / "venv"
+    env = dict(os.environ, PATH=f"{stubs}:{os.environ['PATH']}", STEPS=str(steps),
+               AUTOGRADER_VENV=str(venv))
+    done = subprocess.run(["bash", str(root / "source" / "setup.sh")], cwd=root / "source",
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    log = steps.read_text().splitlines()
+    torch = [line for line in log if "--index-url" in line]
+    assert log[0] == "apt-get update"
+    assert f"python3.12 -m venv {venv}" in log
+    assert torch and "https://download.pytorch.org/whl/cpu torch==" in torch[0]
+    source = root / "source"
+    assert log.index(torch[0]) < log.index(f"python -m pip install {source}/package[grader]")
+    assert log[-1].startswith("python -c import torch, dlperf, autograder.cli")
+
+
+def test_a_grader_that_cannot_start_still_gives_a_result(built, tmp_path):
+    root = unpack(built["zip"], tmp_path / "autograder")
+    done, results = run_autograder(root, python="/bin/false")
+    assert done.returncode == 0
+    assert results["score"] == 0
+    assert "failed before it could grade" in results["output"]
+
+
+# ------------------------------------------------------------- grading, as on Gradescope
+
+def _uploads():
+    solved = submission(ASSIGNMENT, {})
+    return {
+        "solved": {NOTEBOOK: solved},
+        "release": {NOTEBOOK: release_notebook(ASSIGNMENT)},
+        "renamed": {NOTEBOOK.replace(".ipynb", " (1).ipynb"): solved, "notes.txt": "mine"},
+        "in_a_folder": {f"work/{NOTEBOOK}": solved, "scratch.ipynb": solved},
+        "empty": {},
+        "no_notebook": {NOTEBOOK.replace(".ipynb", ".py"): "print('hello')\n"},
+    }
+
+
+@pytest.fixture(scope="module")
+def graded(built, tmp_path_factory):
+    base = tmp_path_factory.mktemp("gradescope-runs")
+    found = {}
+    for case, files in _uploads().items():
+        root = unpack(built["zip"], base / case)
+        for name, content in files.items():
+            path = root / "submission" / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if isinstance(content, str):
+                path.write_text(content)
+            else:
+                nbformat.write(content, str(path))
+        found[case] = run_autograder(root)
+    found["course_mode"] = stat.S_IMODE((base / "solved" / "source" / "course").stat().st_mode)
+    # The same files graded directly by `python -m autograder grade`, to compare
+    submitted = base / "direct"
+    for case in ("solved", "release"):
+        folder = submitted / case / ASSIGNMENT
+        folder.mkdir(parents=True)
+        shutil.copy2(base / case / "submission" / NOTEBOOK, folder / NOTEBOOK)
+    done = autograder("grade", submitted, "--assignment", ASSIGNMENT, "--out", base / "out",
+                      "--jobs", 1, "--no-progress")
+    assert done.returncode == 0, done.stderr[-3000:]
+    found["direct"] = {case: json.loads((base / "out" / case / ASSIGNMENT /
+                                         f"{ASSIGNMENTS[ASSIGNMENT]}.results.json").read_text())
+                       for case in ("solved", "release")}
+    return found
+
+
+def scores(results: dict) -> dict:
+    return {test["name"]: (test["score"], test["max_score"]) for test in results["tests"]}
+
+
+def full_marks(results: dict) -> bool:
+    total = sum(test["max_score"] for test in results["tests"])
+    return total > 0 and results["score"] == total and all(
+        test.get("status", "passed") == "passed" for test in results["tests"])
+
+
+@pytest.mark.integration
+def test_every_upload_gets_a_result_and_the_script_exits_zero(graded):
+    for case in _uploads():
+        done, results = graded[case]
+        assert done.returncode == 0, (case, done.stderr[-2000:])
+        assert {"score", "output", "tests"} <= set(results), case
+        assert results["output"], case
+
+
+@pytest.mark.integration
+def test_the_solved_notebook_gets_full_marks_as_the_grader_gives(graded):
+    _, results = graded["solved"]
+    assert full_marks(results), results
+    assert graded["course_mode"] == 0o700  # the solutions: the grader's user alone
+    assert scores(results) == scores(graded["direct"]["solved"])
+    assert {t["visibility"] for t in results["tests"]} <= {"visible", "after_published"}
+
+
+@pytest.mark.integration
+def test_the_release_gets_what_the_grader_gives_it(graded):
+    _, results = graded["release"]
+    direct = graded["direct"]["release"]
+    assert results["score"] == direct["score"]
+    assert scores(results) == scores(direct)
+    assert results["output"] == direct["output"]
+
+
+@pytest.mark.integration
+def test_a_renamed_download_is_graded_with_a_note(graded):
+    _, results = graded["renamed"]
+    assert full_marks(results), results["output"]
+    renamed = NOTEBOOK.replace(".ipynb", " (1).ipynb")
+    assert f"graded '{renamed}' as {NOTEBOOK}" in results["output"]
+
+
+@pytest.mark.integration
+def test_a_notebook_in_a_folder_is_found_and_others_are_named(graded):
+    _, results = graded["in_a_folder"]
+    assert full_marks(results), results["output"]
+    assert f"took 'work/{NOTEBOOK}' out of its folder" in results["output"]
+    assert "not graded, not part of this assignment: 'scratch.ipynb'" in results["output"]
+
+
+@pytest.mark.integration
+def test_an_empty_upload_gets_zero_and_says_so(graded):
+    _, results = graded["empty"]
+    assert results["score"] == 0
+    assert f"Your submission holds no file: upload {NOTEBOOK}" in results["output"]
+    assert "notebook not submitted" in results["output"]
+    _, results = graded["no_notebook"]
+    assert results["score"] == 0
+    assert "holds no notebook (.ipynb file), only" in results["output"]
+
+
+@pytest.mark.integration
+def test_no_hidden_test_reaches_the_results(graded):
+    released = json.dumps(nbformat.writes(release_notebook(ASSIGNMENT)))
+    hidden = [line.strip() for cell in solution_notebook(ASSIGNMENT).cells
+              for block in HIDDEN.findall(cell.source) for line in block.splitlines()
+              if len(line.strip()) > 20 and "HIDDEN TESTS" not in line]
+    hidden = [line for line in hidden if line not in released]
+    assert hidden, "found no hidden test line to look for"
+    for case in _uploads():
+        done, results = graded[case]
+        shown = json.dumps(results) + done.stdout + done.stderr
+        leaked = [line for line in hidden if line in shown or json.dumps(line)[1:-1] in shown]
+        assert not leaked, (case, leaked[:3])
