@@ -82,7 +82,10 @@ def test_the_readability_check_finds_what_it_forbids():
             ("f()", "UserWarning: TypedStorage is deprecated", "stdout"),
             ("f()", "[W1124 10:00:00.1 ProcessGroupGloo.cpp:12] Warning: x", "stdout"),
             ("f()", "anything at all", "stderr"),
-            ("print(n)", "1 distinct checksum(s)", "stdout")]:
+            ("print(n)", "1 distinct checksum(s)", "stdout"),
+            ("step()", "tensor(2.3917, grad_fn=<CompiledFunctionBackward>)", "stdout"),
+            ("ax.annotate('all 8 jobs submitted', (0.1, 0.5))",
+             "Text(0.12183199999071803, 0.5, 'all 8 jobs submitted')", "stdout")]:
         assert readability_problems(page(source, text, stream=stream)), (source, text)
     verdict = nbformat.v4.new_code_cell("", metadata={"tags": ["remove-cell"]})
     verdict.outputs = [nbformat.v4.new_output(
