@@ -82,7 +82,7 @@ class Base(tornado.web.RequestHandler):
 
     def upload(self, submission_id: str):
         """The upload with this id, if the person may see it (else the request is refused)."""
-        row = self.service.store.get(int(submission_id))
+        row = self.service.store.by_key(submission_id)
         if row is None or (row.student != self.person.id and not self.person.instructor):
             self.refuse(404, "No such submission of yours.")
             return None
@@ -136,10 +136,10 @@ class Home(Base):
                          "attempt that counts"], rules)
                 + "<h2>Your attempts</h2>"
                 + table(["#", "assignment", "attempt", "uploaded", "state", "score"],
-                        [[f'<a href="/submissions/{r.id}">{r.id}</a>', escape(r.assignment),
+                        [[f'<a href="/submissions/{r.key}">{n}</a>', escape(r.assignment),
                           str(r.attempt), when(r.created), r.state,
                           f"{points(r.counted_score)}/{points(r.max_score)}"
-                          if r.state == DONE else ""] for r in rows]))
+                          if r.state == DONE else ""] for n, r in zip(range(len(rows), 0, -1), rows)]))
         self.finish(page("Hand in and get feedback", body))
 
 
@@ -157,9 +157,9 @@ class Submit(Base):
             return self.refuse(code, message)
         if self.wants_json():
             self.set_status(201)
-            return self.finish({"id": row.id, "attempt": row.attempt,
-                                "assignment": row.assignment, "url": f"/submissions/{row.id}"})
-        self.redirect(f"/submissions/{row.id}", status=303)
+            return self.finish({"id": row.key, "attempt": row.attempt,
+                                "assignment": row.assignment, "url": f"/submissions/{row.key}"})
+        self.redirect(f"/submissions/{row.key}", status=303)
 
 
 def feedback_html(data: dict) -> str:
@@ -236,7 +236,7 @@ class Instructor(Base):
                     line.append("")
                     continue
                 pending = sum(r.state != DONE for r in mine)
-                cell = (f'<a href="/submissions/{row.id}">{points(row.counted_score)}/'
+                cell = (f'<a href="/submissions/{row.key}">{points(row.counted_score)}/'
                         f'{points(row.max_score)}</a> {escape(row.status or "")}<br>'
                         f'{when(row.finished)}<br>' if row else "")
                 line.append(cell + f"{len(mine)} attempt(s)"
@@ -244,16 +244,16 @@ class Instructor(Base):
             matrix.append(line)
         order = service.store.queue()
         by_id = {r.id: r for r in rows}
-        queue = [[str(i + 1), f'<a href="/submissions/{by_id[n].id}">{n}</a>',
+        queue = [[str(i + 1), f'<a href="/submissions/{by_id[n].key}">{n}</a>',
                   escape(by_id[n].student), escape(by_id[n].assignment),
                   when(by_id[n].created)] for i, n in enumerate(order)]
-        queue += [["grading", f'<a href="/submissions/{r.id}">{r.id}</a>', escape(r.student),
+        queue += [["grading", f'<a href="/submissions/{r.key}">{r.id}</a>', escape(r.student),
                    escape(r.assignment), when(r.created)] for r in rows if r.state == GRADING]
         every = []
         for r in reversed(rows):
             waited = f"{r.started - r.created:.1f}" if r.started else ""
-            links = f'<a href="/submissions/{r.id}">feedback</a>' + (
-                f' <a href="/submissions/{r.id}/notebook">notebook</a>' if r.executed else "")
+            links = f'<a href="/submissions/{r.key}">feedback</a>' + (
+                f' <a href="/submissions/{r.key}/notebook">notebook</a>' if r.executed else "")
             every.append([str(r.id), escape(r.student), escape(r.assignment), str(r.attempt),
                           r.state, escape(r.status or ""),
                           f"{points(r.counted_score)}/{points(r.max_score)}"
@@ -305,7 +305,8 @@ class NotFound(Base):
 
 def routes():
     return [(r"/", Home), (r"/signin", SignIn), (r"/signout", SignOut), (r"/submit", Submit),
-            (r"/submissions/(\d+)(\.json)?", Feedback), (r"/submissions/(\d+)/notebook", Notebook),
+            (r"/submissions/([\w-]+?)(\.json)?", Feedback),
+            (r"/submissions/([\w-]+)/notebook", Notebook),
             (r"/instructor", Instructor), (r"/instructor/grades\.csv", GradesCsv),
             (r"/instructor/regrade", Regrade)]
 
