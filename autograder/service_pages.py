@@ -19,7 +19,8 @@ from .service_db import DONE, GRADING, QUEUED, when
 
 STYLE = ("body{font-family:system-ui,sans-serif;max-width:70rem;margin:1rem auto;padding:0 1rem}"
          "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:.2rem .5rem;"
-         "text-align:left;vertical-align:top}.PASS{color:#060}.FAIL{color:#a00}"
+         "text-align:left;vertical-align:top}.PASS{color:#060}.FAIL{color:#a00;font-weight:bold}"
+         ".SKIPPED,.MANUAL{color:#666}th{background:#f4f4f4}"
          "pre{white-space:pre-wrap;margin:0}")
 
 
@@ -168,8 +169,8 @@ def feedback_html(data: dict) -> str:
                 "reloads itself.</p>")
     if data["state"] == GRADING:
         return "<p>Being graded now. This page reloads itself.</p>"
-    parts = [f"<p><b>{points(data['counted_score'])}/{points(data['max_score'])}</b> points "
-             f"({escape(data['status'])}), graded {escape(data['graded'])} in "
+    parts = [f"<p>Score: <b>{points(data['counted_score'])}/{points(data['max_score'])}</b> "
+             f"points ({escape(data['status'])}), graded {escape(data['graded'])} in "
              f"{data['seconds']:.1f} s."
              + (f" Handed in {data['days_late']} day(s) late: {points(data['penalty'])} "
                 "point(s) off." if data["penalty"] else "") + "</p>",
@@ -181,7 +182,7 @@ def feedback_html(data: dict) -> str:
                      escape(test["name"]) + (" (hidden test)" if test["hidden"] else ""),
                      f"{points(test['score'])}/{points(test['max_score'])}",
                      f"<pre>{escape(test['output'] or '')}</pre>"])
-    parts.append(table(["", "test", "points", "message"], rows))
+    parts.append(table(["result", "test", "points", "message"], rows))
     if data.get("has_notebook"):
         parts.append(f'<p><a href="/submissions/{data["id"]}/notebook">Download the executed '
                      "notebook</a></p>")
