@@ -71,11 +71,15 @@ class Base(tornado.web.RequestHandler):
         if self.wants_json():
             self.finish({"error": message})
         else:
-            self.finish(page("Not possible", f"<p>{escape(message)}</p>"
-                             '<p><a href="/">Back</a></p>'))
+            self.finish(page("Not possible", f"<p>{escape(message[:1].upper() + message[1:])}"
+                             '</p><p><a href="/">Back</a></p>'))
 
     def write_error(self, status_code: int, **kwargs) -> None:
         reason = self._reason or "error"
+        error = kwargs.get("exc_info", (None, None))[1]
+        if status_code == 403 and "xsrf" in str(getattr(error, "log_message", "")).lower():
+            return self.refuse(403, "This form is out of date or came from another site: "
+                                    "open the service's page again and send it from there.")
         if self.wants_json():
             self.finish({"error": reason})
         else:

@@ -4,7 +4,10 @@ The unit tests read the queue's fair order, the store, the configuration files a
 command line. The integration tests start the real server as users do, on 127.0.0.1 and
 a free port, over a copy of the fixture course, and drive it with ``submit``, with the
 HTML form (a real multipart POST) and as an instructor; one kills it with SIGKILL while it
-grades and starts it again.
+grades and starts it again. The security tests send what the service must refuse before
+anything is queued (a file over the size limit, one that is not a notebook, uploads beyond
+the hour's limit, a form without its XSRF token), file names that point elsewhere, and
+guesses of submission ids. ``test_autograder_service_browser.py`` drives it in Chromium.
 """
 from __future__ import annotations
 

@@ -4,7 +4,8 @@ users start it, over a copy of the fixture course.
 
 A learner opens their sign-in link, chooses the assignment, picks a notebook in the page's
 own file input (``DOM.setFileInputFiles``) and clicks "Hand in"; the queue page reloads
-itself until the feedback shows. A notebook over the size limit gets a refusal page. An
+itself until the feedback shows. A form on a page of another origin, posted with the
+learner's browser, is refused; a notebook over the size limit gets a refusal page. An
 instructor signs in and fetches grades.csv, which must agree, row for row, with
 ``python -m autograder grade`` run over the same files in a fresh folder. Screenshots of
 the feedback pages go to the test's ``tmp_path``.
@@ -24,7 +25,7 @@ import nbformat
 import pytest
 
 from tests.autograder_fixtures.submissions import answered, write
-from tests.browser import Chromium, find_chromium
+from tests.browser import Chromium, find_chromium, serve
 from tests.test_autograder_service import (OFF_BY_ONE, Server, autograder, tokens,
                                            with_rules)
 
@@ -155,6 +156,28 @@ def test_learners_hand_in_in_the_browser_and_the_instructor_gets_the_grades(
                              ".map(a => a.href)")
     assert sorted(links) == sorted([first["url"], second["url"]])
 
+    # A page of another origin, opened while alan is signed in, posts a form with his
+    # browser to the service: without the service's XSRF token it is refused.
+    hostile = tmp_path / "hostile"
+    hostile.mkdir()
+    (hostile / "index.html").write_text(
+        f'<form method=post action="{server.url}/submit" enctype="multipart/form-data">'
+        '<input name=assignment value=demo><input type=file name=notebook>'
+        "<button>Win a prize</button></form>")
+    with serve(hostile) as elsewhere:
+        browser.open(elsewhere)
+        root = browser.call("DOM.getDocument")["root"]["nodeId"]
+        node = browser.call("DOM.querySelector", nodeId=root, selector="input[type=file]")
+        browser.call("DOM.setFileInputFiles", files=[str(good)], nodeId=node["nodeId"])
+        browser.evaluate("document.querySelector('button').click()")
+        poll(browser, f"location.href.startsWith({server.url!r}) && "
+                      "document.readyState === 'complete'")
+    refused = browser.evaluate("document.body.innerText")
+    assert "This form is out of date or came from another site" in refused, refused
+    browser.open(server.url + "/")
+    assert browser.evaluate("document.querySelectorAll('a[href^=\"/submissions/\"]').length") \
+        == 2  # nothing was queued
+
     # grace: a notebook over the limit is refused with its size; then a correct one.
     big = tmp_path / "big" / "demo.ipynb"
     big.parent.mkdir()
@@ -164,7 +187,8 @@ def test_learners_hand_in_in_the_browser_and_the_instructor_gets_the_grades(
     sign_in(browser, server, people["grace"], "/")
     refused = hand_in(browser, big)
     assert browser.evaluate("document.title") == "Not possible"
-    assert "the notebook is 20.4 MiB; the limit is 20 MiB" in refused, refused
+    assert "The notebook is 20.4 MiB; the limit is 20 MiB" in refused, refused
+    browser.screenshot(tmp_path / "refused.png")
     browser.open(server.url + "/")
     assert "Your attempts" in browser.evaluate("document.body.innerText")
     assert browser.evaluate("document.querySelectorAll('a[href^=\"/submissions/\"]').length") \
