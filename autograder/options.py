@@ -56,10 +56,12 @@ SERVICE_COUNTS = "last"         # which attempt counts: "last" or "best"
 SERVICE_LATE = "refuse"         # after the deadline: "refuse", or "penalty" per day late
 SERVICE_POLL = 0.5              # seconds between looks at the queue when nothing woke it
 SERVICE_SUBMIT_WAIT = 1800.0    # seconds `submit` waits for its feedback
-SERVICE_FORM_SLACK = 64 * 1024  # bytes a multipart form may add around the notebook
 SERVICE_HTTP_TIMEOUT = 60.0     # seconds `submit` waits for one answer of the service
 SERVICE_DB_BUSY = 30.0          # seconds a database call waits for another's write
 SERVICE_REFRESH = 2             # seconds between reloads of a page waiting for a grade
+SERVICE_BODY_CEILING = 4        # a request body over this many times the upload limit is
+#                                 cut off unread; up to it, the refusal names the size
+SERVICE_ID_BYTES = 16           # random bytes of a submission's id in its URLs
 
 
 @dataclass(frozen=True)

@@ -6,9 +6,10 @@ its sign-in (:mod:`.service_auth`). Every handler learns who is asking before it
 anything; learners see their own uploads only, instructors everything.
 
 Routes: ``/`` (a learner's assignments, upload form and attempts), ``/signin``,
-``/signout``, ``POST /submit`` (multipart: ``assignment``, ``notebook``), ``/submissions/N``
-(place in the queue, then the feedback), ``/submissions/N.json`` (the same for
-``python -m autograder submit``), ``/submissions/N/notebook`` (the executed notebook),
+``/signout``, ``POST /submit`` (multipart: ``assignment``, ``notebook``), ``/submissions/ID``
+(place in the queue, then the feedback; ID is random, never guessable),
+``/submissions/ID.json`` (the same for ``python -m autograder submit``),
+``/submissions/ID/notebook`` (the executed notebook),
 ``/instructor``, ``/instructor/grades.csv``, ``POST /instructor/regrade``.
 """
 from __future__ import annotations
@@ -17,18 +18,19 @@ import asyncio
 import csv
 import io
 import json
+import math
 import os
 import signal
 import threading
 import time
 from datetime import datetime, timezone
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Dict, List, Optional
 
 import tornado.web
 
-from .layout import MAX_NOTEBOOK_BYTES, Course, mebibytes
-from .options import SERVICE_DB, SERVICE_FORM_SLACK
+from .layout import MAX_NOTEBOOK_BYTES, Course, mebibytes, notebook_from_bytes, plural
+from .options import SERVICE_BODY_CEILING, SERVICE_DB
 from .service_auth import TokenSignIn
 from .service_config import ConfigError, Person, ServiceConfig  # noqa: F401 (ConfigError: cli)
 from .service_db import DONE, QUEUED, Row, Store, when
@@ -90,8 +92,21 @@ class Service:
     # uploads
 
     def accept(self, person: Person, assignment: str, filename: str, body: bytes) -> Row:
-        """Store an upload durably and queue it; ``ValueError`` (message, HTTP code) if not."""
-        stem = Path(filename or "").stem
+        """Store an upload durably and queue it; ``ValueError`` (message, HTTP code) if not.
+
+        ``filename`` (the browser's, the learner's) only says which notebook this is: the
+        file is stored under the course's own notebook name, never under ``filename``."""
+        if not body:
+            raise ValueError("the upload is empty: choose your notebook file", 400)
+        if len(body) > MAX_NOTEBOOK_BYTES:
+            raise ValueError(f"the notebook is {mebibytes(len(body))} MiB; the limit is "
+                             f"{MAX_NOTEBOOK_BYTES / 2**20:g} MiB (clear its outputs, save it "
+                             "and upload it again)", 413)
+        try:
+            notebook_from_bytes(body)
+        except ValueError as error:
+            raise ValueError(f"{filename or 'the upload'}: {error}", 415) from None
+        stem = PurePosixPath(str(filename or "").replace("\\", "/").replace("\0", "")).stem
         if not assignment:
             matches = [a for a, s in self.sources.items() if stem in s] or \
                       [a for a in self.assignments if a == stem]
@@ -107,12 +122,6 @@ class Service:
         if notebook not in names:
             raise ValueError(f"assignment {assignment!r} has notebooks {', '.join(names)}: "
                              "upload one of them under its own name", 400)
-        if not body:
-            raise ValueError("the upload is empty: choose your notebook file", 400)
-        if len(body) > MAX_NOTEBOOK_BYTES:
-            raise ValueError(f"the notebook is {mebibytes(len(body))} MiB; the limit is "
-                             f"{MAX_NOTEBOOK_BYTES / 2**20:g} MiB (clear its outputs, save it "
-                             "and upload it again)", 413)
         rules = self.config.rules[assignment]
         now = time.time()
         days_late = rules.days_late(datetime.fromtimestamp(now, timezone.utc))
@@ -120,11 +129,14 @@ class Service:
             raise ValueError(f"the deadline of {assignment!r} was "
                              f"{rules.deadline:%Y-%m-%d %H:%M %Z}: uploads are closed", 403)
         with self._upload_lock:
-            recent = self.store.uploads_since(person.id, assignment, now - HOUR)
-            if recent >= rules.attempts_per_hour:
-                raise ValueError(f"{recent} uploads of {assignment!r} in the last hour: the "
-                                 f"limit is {rules.attempts_per_hour} an hour; try again "
-                                 "later", 429)
+            recent = self.store.upload_times(person.id, assignment, now - HOUR)
+            if len(recent) >= rules.attempts_per_hour:
+                # the upload that frees a place: the one that many places back from the end
+                frees = recent[-rules.attempts_per_hour] + HOUR
+                minutes = max(1, math.ceil((frees - now) / 60))
+                raise ValueError(f"{len(recent)} uploads of {assignment!r} in the last hour: "
+                                 f"the limit is {rules.attempts_per_hour} an hour; try again "
+                                 f"in {plural(minutes, 'minute')}", 429)
             attempt = self.store.next_attempt(person.id, assignment, notebook)
             folder = self.files / "uploads" / person.id / assignment / str(attempt)
             write_durably(folder / "timestamp.txt",
@@ -147,7 +159,7 @@ class Service:
 
     def feedback(self, row: Row) -> dict:
         """What a learner may see of one upload: results.json's tests and message."""
-        data = {"id": row.id, "student": row.student, "assignment": row.assignment,
+        data = {"id": row.key, "student": row.student, "assignment": row.assignment,
                 "notebook": row.notebook, "attempt": row.attempt, "state": row.state,
                 "position": self.position(row), "uploaded": when(row.created),
                 "days_late": row.days_late, "tests": []}
@@ -210,7 +222,7 @@ class Service:
         from tornado.netutil import bind_sockets
         sockets = bind_sockets(port, host)
         server = HTTPServer(self.application(),
-                            max_body_size=MAX_NOTEBOOK_BYTES + SERVICE_FORM_SLACK)
+                            max_body_size=MAX_NOTEBOOK_BYTES * SERVICE_BODY_CEILING)
         server.add_sockets(sockets)
         self.graders.start()
         address = sockets[0].getsockname()

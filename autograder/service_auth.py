@@ -5,8 +5,8 @@ is the standalone sign-in: ``python -m autograder serve --issue-tokens`` gives e
 of ``roster.toml`` a secret (``secrets.token_urlsafe``), stored only as its SHA-256; a
 browser signs in once through ``/signin?token=...`` (the token then rides in an
 HttpOnly cookie), and ``python -m autograder submit`` sends it as
-``Authorization: Bearer ...``. A JupyterHub sign-in (OAuth, as a Hub service) is another
-class with the same three methods.
+``Authorization: Bearer ...``. A JupyterHub sign-in (OAuth, as a Hub service), planned and
+not built yet, would be another class with the same three methods.
 """
 from __future__ import annotations
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import secrets
 import sqlite3
 import threading
 import time
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
-from .options import SERVICE_DB_BUSY
+from .options import SERVICE_DB_BUSY, SERVICE_ID_BYTES
 
 QUEUED, GRADING, DONE = "queued", "grading", "done"
 
@@ -48,6 +49,7 @@ CREATE TABLE IF NOT EXISTS submissions (
     csv_row TEXT,                         -- report.csv_row of the result, as JSON
     results TEXT,                         -- its results.json
     executed TEXT,                        -- its executed notebook, if it ran
+    key TEXT UNIQUE,                      -- its id in URLs: random, never guessable
     UNIQUE (student, assignment, notebook, attempt)
 );
 CREATE INDEX IF NOT EXISTS by_state ON submissions (state);
@@ -109,6 +111,7 @@ class Row:
     csv_row: Optional[str]
     results: Optional[str]
     executed: Optional[str]
+    key: Optional[str]
 
     @property
     def counted_score(self) -> Optional[float]:
@@ -178,11 +181,20 @@ class Store:
         found = self.rows("WHERE id = ?", (submission_id,))
         return found[0] if found else None
 
+    def by_key(self, key: str) -> Optional[Row]:
+        """The submission whose URL id is ``key`` (the integer id stays internal)."""
+        found = self.rows("WHERE key = ?", (key,))
+        return found[0] if found else None
+
     def uploads_since(self, student: str, assignment: str, since: float) -> int:
+        return len(self.upload_times(student, assignment, since))
+
+    def upload_times(self, student: str, assignment: str, since: float) -> List[float]:
+        """When ``student`` uploaded for ``assignment`` since ``since``, oldest first."""
         with self._db() as db:
-            return db.execute("SELECT COUNT(*) FROM submissions WHERE student = ? AND "
-                              "assignment = ? AND created >= ?",
-                              (student, assignment, since)).fetchone()[0]
+            return [r[0] for r in db.execute(
+                "SELECT created FROM submissions WHERE student = ? AND assignment = ? AND "
+                "created >= ? ORDER BY created", (student, assignment, since))]
 
     def next_attempt(self, student: str, assignment: str, notebook: str) -> int:
         with self._db() as db:
@@ -196,8 +208,9 @@ class Store:
         with self._write() as db:
             cursor = db.execute(
                 "INSERT INTO submissions (student, assignment, notebook, attempt, path, created, "
-                "days_late) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (student, assignment, notebook, attempt, str(path), created, days_late))
+                "days_late, key) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (student, assignment, notebook, attempt, str(path), created, days_late,
+                 secrets.token_urlsafe(SERVICE_ID_BYTES)))
             return cursor.lastrowid
 
     def _queue(self, db) -> Tuple[List[int], int]:

@@ -19,7 +19,8 @@ from .service_db import DONE, GRADING, QUEUED, when
 
 STYLE = ("body{font-family:system-ui,sans-serif;max-width:70rem;margin:1rem auto;padding:0 1rem}"
          "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:.2rem .5rem;"
-         "text-align:left;vertical-align:top}.PASS{color:#060}.FAIL{color:#a00}"
+         "text-align:left;vertical-align:top}.PASS{color:#060}.FAIL{color:#a00;font-weight:bold}"
+         ".SKIPPED,.MANUAL{color:#666}th{background:#f4f4f4}"
          "pre{white-space:pre-wrap;margin:0}")
 
 
@@ -70,11 +71,15 @@ class Base(tornado.web.RequestHandler):
         if self.wants_json():
             self.finish({"error": message})
         else:
-            self.finish(page("Not possible", f"<p>{escape(message)}</p>"
-                             '<p><a href="/">Back</a></p>'))
+            self.finish(page("Not possible", f"<p>{escape(message[:1].upper() + message[1:])}"
+                             '</p><p><a href="/">Back</a></p>'))
 
     def write_error(self, status_code: int, **kwargs) -> None:
         reason = self._reason or "error"
+        error = kwargs.get("exc_info", (None, None))[1]
+        if status_code == 403 and "xsrf" in str(getattr(error, "log_message", "")).lower():
+            return self.refuse(403, "This form is out of date or came from another site: "
+                                    "open the service's page again and send it from there.")
         if self.wants_json():
             self.finish({"error": reason})
         else:
@@ -82,7 +87,7 @@ class Base(tornado.web.RequestHandler):
 
     def upload(self, submission_id: str):
         """The upload with this id, if the person may see it (else the request is refused)."""
-        row = self.service.store.get(int(submission_id))
+        row = self.service.store.by_key(submission_id)
         if row is None or (row.student != self.person.id and not self.person.instructor):
             self.refuse(404, "No such submission of yours.")
             return None
@@ -136,10 +141,10 @@ class Home(Base):
                          "attempt that counts"], rules)
                 + "<h2>Your attempts</h2>"
                 + table(["#", "assignment", "attempt", "uploaded", "state", "score"],
-                        [[f'<a href="/submissions/{r.id}">{r.id}</a>', escape(r.assignment),
+                        [[f'<a href="/submissions/{r.key}">{n}</a>', escape(r.assignment),
                           str(r.attempt), when(r.created), r.state,
                           f"{points(r.counted_score)}/{points(r.max_score)}"
-                          if r.state == DONE else ""] for r in rows]))
+                          if r.state == DONE else ""] for n, r in zip(range(len(rows), 0, -1), rows)]))
         self.finish(page("Hand in and get feedback", body))
 
 
@@ -157,9 +162,9 @@ class Submit(Base):
             return self.refuse(code, message)
         if self.wants_json():
             self.set_status(201)
-            return self.finish({"id": row.id, "attempt": row.attempt,
-                                "assignment": row.assignment, "url": f"/submissions/{row.id}"})
-        self.redirect(f"/submissions/{row.id}", status=303)
+            return self.finish({"id": row.key, "attempt": row.attempt,
+                                "assignment": row.assignment, "url": f"/submissions/{row.key}"})
+        self.redirect(f"/submissions/{row.key}", status=303)
 
 
 def feedback_html(data: dict) -> str:
@@ -168,8 +173,8 @@ def feedback_html(data: dict) -> str:
                 "reloads itself.</p>")
     if data["state"] == GRADING:
         return "<p>Being graded now. This page reloads itself.</p>"
-    parts = [f"<p><b>{points(data['counted_score'])}/{points(data['max_score'])}</b> points "
-             f"({escape(data['status'])}), graded {escape(data['graded'])} in "
+    parts = [f"<p>Score: <b>{points(data['counted_score'])}/{points(data['max_score'])}</b> "
+             f"points ({escape(data['status'])}), graded {escape(data['graded'])} in "
              f"{data['seconds']:.1f} s."
              + (f" Handed in {data['days_late']} day(s) late: {points(data['penalty'])} "
                 "point(s) off." if data["penalty"] else "") + "</p>",
@@ -181,7 +186,7 @@ def feedback_html(data: dict) -> str:
                      escape(test["name"]) + (" (hidden test)" if test["hidden"] else ""),
                      f"{points(test['score'])}/{points(test['max_score'])}",
                      f"<pre>{escape(test['output'] or '')}</pre>"])
-    parts.append(table(["", "test", "points", "message"], rows))
+    parts.append(table(["result", "test", "points", "message"], rows))
     if data.get("has_notebook"):
         parts.append(f'<p><a href="/submissions/{data["id"]}/notebook">Download the executed '
                      "notebook</a></p>")
@@ -236,7 +241,7 @@ class Instructor(Base):
                     line.append("")
                     continue
                 pending = sum(r.state != DONE for r in mine)
-                cell = (f'<a href="/submissions/{row.id}">{points(row.counted_score)}/'
+                cell = (f'<a href="/submissions/{row.key}">{points(row.counted_score)}/'
                         f'{points(row.max_score)}</a> {escape(row.status or "")}<br>'
                         f'{when(row.finished)}<br>' if row else "")
                 line.append(cell + f"{len(mine)} attempt(s)"
@@ -244,16 +249,16 @@ class Instructor(Base):
             matrix.append(line)
         order = service.store.queue()
         by_id = {r.id: r for r in rows}
-        queue = [[str(i + 1), f'<a href="/submissions/{by_id[n].id}">{n}</a>',
+        queue = [[str(i + 1), f'<a href="/submissions/{by_id[n].key}">{n}</a>',
                   escape(by_id[n].student), escape(by_id[n].assignment),
                   when(by_id[n].created)] for i, n in enumerate(order)]
-        queue += [["grading", f'<a href="/submissions/{r.id}">{r.id}</a>', escape(r.student),
+        queue += [["grading", f'<a href="/submissions/{r.key}">{r.id}</a>', escape(r.student),
                    escape(r.assignment), when(r.created)] for r in rows if r.state == GRADING]
         every = []
         for r in reversed(rows):
             waited = f"{r.started - r.created:.1f}" if r.started else ""
-            links = f'<a href="/submissions/{r.id}">feedback</a>' + (
-                f' <a href="/submissions/{r.id}/notebook">notebook</a>' if r.executed else "")
+            links = f'<a href="/submissions/{r.key}">feedback</a>' + (
+                f' <a href="/submissions/{r.key}/notebook">notebook</a>' if r.executed else "")
             every.append([str(r.id), escape(r.student), escape(r.assignment), str(r.attempt),
                           r.state, escape(r.status or ""),
                           f"{points(r.counted_score)}/{points(r.max_score)}"
@@ -305,7 +310,8 @@ class NotFound(Base):
 
 def routes():
     return [(r"/", Home), (r"/signin", SignIn), (r"/signout", SignOut), (r"/submit", Submit),
-            (r"/submissions/(\d+)(\.json)?", Feedback), (r"/submissions/(\d+)/notebook", Notebook),
+            (r"/submissions/([\w-]+?)(\.json)?", Feedback),
+            (r"/submissions/([\w-]+)/notebook", Notebook),
             (r"/instructor", Instructor), (r"/instructor/grades\.csv", GradesCsv),
             (r"/instructor/regrade", Regrade)]
 

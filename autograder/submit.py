@@ -62,7 +62,7 @@ def upload(notebook: Path, base: str, token: str, assignment: str = "") -> dict:
     return _request(base.rstrip("/") + "/submit", token, body, content_type)
 
 
-def wait(base: str, token: str, submission_id: int, timeout: float,
+def wait(base: str, token: str, submission_id: str, timeout: float,
          on_wait=None) -> dict:
     """The feedback of an upload once it is graded (polling until ``timeout``)."""
     deadline = time.monotonic() + timeout

@@ -4,7 +4,10 @@ The unit tests read the queue's fair order, the store, the configuration files a
 command line. The integration tests start the real server as users do, on 127.0.0.1 and
 a free port, over a copy of the fixture course, and drive it with ``submit``, with the
 HTML form (a real multipart POST) and as an instructor; one kills it with SIGKILL while it
-grades and starts it again.
+grades and starts it again. The security tests send what the service must refuse before
+anything is queued (a file over the size limit, one that is not a notebook, uploads beyond
+the hour's limit, a form without its XSRF token), file names that point elsewhere, and
+guesses of submission ids. ``test_autograder_service_browser.py`` drives it in Chromium.
 """
 from __future__ import annotations
 
@@ -262,6 +265,12 @@ def graded(server, token, submission_id, timeout=120.0):
         feedback(server, token, submission_id)), timeout, f"submission {submission_id}")
 
 
+def queued_rows(server) -> list:
+    """Every stored submission (id, student, path), read from the service's database."""
+    with sqlite3.connect(server.course / "service.db") as db:
+        return db.execute("SELECT id, student, path FROM submissions ORDER BY id").fetchall()
+
+
 def with_rules(tmp_path_factory, name: str) -> Path:
     """A copy of the fixture course with two more assignments (copies of demo): ``closed``
     (its deadline passed, late uploads refused) and ``late`` (a penalty per day)."""
@@ -297,9 +306,9 @@ def alan_submitted(service, tmp_path_factory):
         path = write(tmp_path_factory.mktemp("alan"), "alan", nb)
         runs.append(autograder("submit", path, "--to", server.url, "--token", people["alan"],
                                "--assignment", "demo"))
-    first = re.search(r"/submissions/(\d+)", runs[0].stdout)
+    first = re.search(r"/submissions/([\w-]+)", runs[0].stdout)
     assert first, runs[0].stdout + runs[0].stderr
-    return runs, int(first.group(1))
+    return runs, first.group(1)
 
 
 @pytest.mark.integration
@@ -342,7 +351,7 @@ def test_a_learner_hands_in_through_the_html_form(service):
     with browser.open(post, timeout=60) as page:  # 303 to the upload's own page
         where = page.url
         first = page.read().decode()
-    assert re.fullmatch(rf"{server.url}/submissions/\d+", where), where
+    assert re.fullmatch(rf"{server.url}/submissions/[\w-]{{22}}", where), where
     assert "queue" in first or "graded" in first or "Being graded" in first
 
     def done():
@@ -401,8 +410,12 @@ def test_attempts_per_hour_and_the_deadline(service):
         status, body = upload(server, linus, answered())
         assert status == 201, body
         ids.append(json.loads(body)["id"])
+    before = queued_rows(server)
     status, body = upload(server, linus, answered())
-    assert status == 429 and "the limit is 3 an hour" in json.loads(body)["error"]
+    error = json.loads(body)["error"]
+    assert status == 429 and "the limit is 3 an hour" in error
+    assert re.search(r"try again in (59|60) minutes$", error), error  # the first frees a place
+    assert queued_rows(server) == before
     status, body = upload(server, linus, answered(), assignment="closed")
     assert status == 403 and "uploads are closed" in json.loads(body)["error"]
     status, body = upload(server, linus, answered(), assignment="late")
@@ -414,14 +427,74 @@ def test_attempts_per_hour_and_the_deadline(service):
 
 
 @pytest.mark.integration
-def test_an_unreadable_upload_gets_a_result_that_says_why(service):
+def test_an_upload_over_the_limit_is_refused_with_its_size_and_not_queued(service):
     server, people = service
-    body, kind = multipart({"assignment": "demo"}, "notebook", "demo.ipynb", b"{not json")
-    status, answer = request(f"{server.url}/submit", people["mary"], body,
+    before = queued_rows(server)
+    big = b"{" + b" " * (20 * 2**20 + 400 * 1024)  # 20.4 MiB, rounded up to one decimal
+    body, kind = multipart({"assignment": "demo"}, "notebook", "demo.ipynb", big)
+    status, answer = request(f"{server.url}/submit", people["grace"], body,
                              {"Content-Type": kind})
-    assert status == 201, answer
-    data = graded(server, people["mary"], json.loads(answer)["id"])
-    assert data["status"] == "invalid" and "is not a Jupyter notebook" in data["message"]
+    assert status == 413, answer
+    assert "the notebook is 20.4 MiB; the limit is 20 MiB" in json.loads(answer)["error"]
+    assert queued_rows(server) == before
+
+
+@pytest.mark.integration
+def test_an_uploaded_file_name_is_never_used_as_a_path(service):
+    server, people = service
+    nb = nbformat.writes(answered()).encode()
+    stored = []
+    for name in ("../../etc/x.ipynb", "/tmp/abs/demo.ipynb", "..\\..\\win.ipynb",
+                 "a/b\0c.ipynb"):
+        body, kind = multipart({"assignment": "demo"}, "notebook", name, nb)
+        status, answer = request(f"{server.url}/submit", people["mary"], body,
+                                 {"Content-Type": kind})
+        if "\0" in name and status == 400:  # Tornado may drop a part whose header has a NUL
+            continue
+        assert status == 201, (name, answer)
+        stored.append(json.loads(answer)["id"])
+        if len(stored) == 2:  # mary may upload 3 an hour; one place is left for below
+            break
+    uploads = server.course / "service-files" / "uploads"
+    paths = [Path(p) for _, student, p in queued_rows(server) if student == "mary"]
+    assert [p.relative_to(uploads).parts for p in paths] == [
+        ("mary", "demo", str(n), "demo.ipynb") for n in range(1, len(paths) + 1)]
+    # nothing was written where the names point, around the course or in /tmp/abs
+    root = server.course.parent
+    assert not list(root.rglob("x.ipynb")) and not list(root.rglob("win.ipynb"))
+    assert not Path("/tmp/abs/demo.ipynb").exists()
+    for key in stored:
+        assert graded(server, people["mary"], key)["score"] == 8.0
+
+
+@pytest.mark.integration
+def test_submission_ids_in_urls_are_random(service, alan_submitted):
+    server, people = service
+    key = alan_submitted[1]
+    assert re.fullmatch(r"[\w-]{22}", key), key  # secrets.token_urlsafe(16)
+    with sqlite3.connect(server.course / "service.db") as db:
+        number = db.execute("SELECT id FROM submissions WHERE key = ?", (key,)).fetchone()[0]
+    for guess in (str(number), "1", "2", key[:-1]):
+        assert request(f"{server.url}/submissions/{guess}.json", people["alan"])[0] == 404
+        assert request(f"{server.url}/submissions/{guess}.json", people["ada"])[0] == 404
+    assert feedback(server, people["alan"], key)["id"] == key
+
+
+@pytest.mark.integration
+def test_an_upload_that_is_not_a_notebook_is_refused_and_not_queued(service):
+    server, people = service
+    before = queued_rows(server)
+    files = sorted((server.course / "service-files").rglob("*"))
+    for name, data in (("demo.ipynb", b"{not json"), ("demo.ipynb", b"%PDF-1.4 ..."),
+                       ("demo.ipynb", b""), ("demo.pdf", b"\x89PNG\r\n")):
+        body, kind = multipart({"assignment": "demo"}, "notebook", name, data)
+        status, answer = request(f"{server.url}/submit", people["mary"], body,
+                                 {"Content-Type": kind})
+        error = json.loads(answer)["error"]
+        assert status in (400, 415), (name, data, status, answer)
+        assert "is not a Jupyter notebook" in error or "the upload is empty" in error, error
+    assert queued_rows(server) == before  # nothing stored, nothing queued
+    assert sorted((server.course / "service-files").rglob("*")) == files
     status, answer = request(f"{server.url}/submit", people["mary"], body,
                              {"Content-Type": "multipart/form-data; boundary=x"})
     assert status == 400  # no file in the form
@@ -437,7 +510,7 @@ def test_the_instructor_page_grades_csv_gradebook_and_regrade(service, alan_subm
     status, body = request(f"{server.url}/instructor", ada)
     page = body.decode()
     assert status == 200 and "<th>learner</th><th>closed</th><th>demo</th><th>late</th>" in page
-    assert re.search(r"<td>alan</td><td></td><td><a href=\"/submissions/\d+\">8/8</a> graded", page)
+    assert re.search(r"<td>alan</td><td></td><td><a href=\"/submissions/[\w-]+\">8/8</a> graded", page)
     assert "grades.csv" in page and 'action="/instructor/regrade"' in page
     status, body = request(f"{server.url}/instructor/grades.csv", ada)
     rows = list(csv.DictReader(io.StringIO(body.decode())))
@@ -484,13 +557,13 @@ def test_killed_while_grading_then_restarted_grades_each_upload_exactly_once(
                                  (GRADING,)).fetchone()[0], what="a row being graded")
     finally:
         server.kill()  # SIGKILL, mid-grading
-    states = dict(db.execute("SELECT id, state FROM submissions").fetchall())
+    states = dict(db.execute("SELECT key, state FROM submissions").fetchall())
     assert set(states) == set(acknowledged) and GRADING in states.values()
     server = Server(course)  # the same course, database and files
     try:
         until(lambda: db.execute("SELECT COUNT(*) FROM submissions WHERE state = 'done'")
               .fetchone()[0] == len(acknowledged), timeout=180, what="every upload graded")
-        rows = db.execute("SELECT id, student, gradings, score FROM submissions").fetchall()
+        rows = db.execute("SELECT key, student, gradings, score FROM submissions").fetchall()
         assert {r[0]: r[1] for r in rows} == acknowledged
         assert all(r[2] == 1 for r in rows), rows  # each result committed exactly once
         assert all(r[3] == 8.0 for r in rows), rows
