@@ -34,10 +34,12 @@ class Graders:
     def __init__(self, store: Store, runner, course: Course,
                  sources: Dict[str, Dict[str, SourceNotebook]], options: GradeOptions,
                  rules: Dict[str, Rules], files: Path, gradebook: Optional[str] = None,
-                 on_done: Optional[Callable[[Row], None]] = None):
+                 on_done: Optional[Callable[[Row], None]] = None,
+                 on_change: Optional[Callable[[int], None]] = None):
         self.store, self.runner, self.course = store, runner, course
         self.sources, self.options, self.rules = sources, options, rules
         self.files, self.gradebook, self.on_done = Path(files), gradebook, on_done
+        self.on_change = on_change  # called with an upload's id once its state is committed
         self.jobs = runner.threads()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -72,7 +74,12 @@ class Graders:
                 self._wake.wait(SERVICE_POLL)
                 self._wake.clear()
                 continue
+            self._changed(row.id)
             self._pool.submit(self._grade_and_release, row)
+
+    def _changed(self, submission_id: int) -> None:
+        if self.on_change is not None:
+            self.on_change(submission_id)
 
     def _grade_and_release(self, row: Row) -> None:
         try:
@@ -113,6 +120,7 @@ class Graders:
                           message=result.message, seconds=result.seconds,
                           csv_row=json.dumps(line), results=str(results),
                           executed=str(executed) if executed else None)
+        self._changed(row.id)
         if self.on_done is not None:
             self.on_done(row)
 
@@ -122,6 +130,7 @@ class Graders:
         result = SubmissionResult(self.submission(row), ERROR, message)
         self.store.finish(row.id, status=ERROR, score=0.0, max_score=0.0, penalty=0.0,
                           message=message, seconds=0.0, csv_row=json.dumps(csv_row(result)))
+        self._changed(row.id)
 
     def _record(self, row: Row, result, penalty: float) -> None:
         """Put the result into nbgrader's gradebook if it is the attempt that counts."""

@@ -8,7 +8,8 @@ the functions ``python -m autograder submit`` uses (``upload`` and ``wait``, aut
 the uploads spread at random over ``--spread`` seconds. The mix is that of a class: most hand in
 the reference answers (each signed with its student id, as benchmarks/assignment_throughput.py
 does, so each draws its own ``TEST_SEED``), some a wrong answer of tests/wrong_submissions, some
-a broken file (not JSON, or an empty notebook).
+a broken file (text that is not JSON, or a notebook cut in half, as a save cut
+short leaves it; an empty file is refused at the upload, so it has no place in the mix).
 
 Every upload must get its feedback before ``--deadline`` seconds, and the right kind: full marks
 for the reference answers, fewer for the wrong ones, ``invalid`` for the broken ones; otherwise
@@ -58,7 +59,6 @@ from autograder.submit import SubmitError, upload, wait  # noqa: E402
 FASTEST = "ring_allreduce"  # the fastest to grade in the README's table of 1,000 copies
 INSTRUCTOR = "prof"
 ALONE = "alone"             # the learner alone in the queue
-BROKEN = (b"{not json", b'{"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}')
 CORRECT, WRONG, BROKEN_KIND = "correct", "wrong", "broken"
 
 
@@ -87,8 +87,11 @@ def hand_in(course: Path, assignment: str, notebook: str, learners: list) -> dic
             kind = CORRECT  # an assignment without wrong cases: none in the mix
         path = course / "submitted" / who / assignment / f"{notebook}.ipynb"
         path.parent.mkdir(parents=True)
-        if kind == BROKEN_KIND:
-            path.write_bytes(BROKEN[(n // 10) % len(BROKEN)])
+        if kind == BROKEN_KIND and (n // 10) % 2 == 0:
+            path.write_text(f"my answers, {who}: see the attached notebook\n")
+        elif kind == BROKEN_KIND:
+            whole = nbformat.writes(signed(reference, who)).encode()
+            path.write_bytes(whole[:len(whole) // 2])
         else:
             nb = reference if kind == CORRECT else wrong[(n // 10) % len(wrong)]
             nbformat.write(signed(nb, who), path)
