@@ -55,6 +55,7 @@ SERVICE_ATTEMPTS_PER_HOUR = 10  # uploads per learner and assignment in any hour
 SERVICE_COUNTS = "last"         # which attempt counts: "last" or "best"
 SERVICE_LATE = "refuse"         # after the deadline: "refuse", or "penalty" per day late
 SERVICE_POLL = 0.5              # seconds between looks at the queue when nothing woke it
+SERVICE_LONG_POLL = 20.0        # seconds a `.json` feedback request may wait for a change
 SERVICE_SUBMIT_WAIT = 1800.0    # seconds `submit` waits for its feedback
 SERVICE_HTTP_TIMEOUT = 60.0     # seconds `submit` waits for one answer of the service
 SERVICE_DB_BUSY = 30.0          # seconds a database call waits for another's write

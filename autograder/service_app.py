@@ -8,7 +8,8 @@ anything; learners see their own uploads only, instructors everything.
 Routes: ``/`` (a learner's assignments, upload form and attempts), ``/signin``,
 ``/signout``, ``POST /submit`` (multipart: ``assignment``, ``notebook``), ``/submissions/ID``
 (place in the queue, then the feedback; ID is random, never guessable),
-``/submissions/ID.json`` (the same for ``python -m autograder submit``),
+``/submissions/ID.json`` (the same for ``python -m autograder submit``; ``?wait=S`` holds it
+until the upload changes state, at most ``SERVICE_LONG_POLL`` seconds),
 ``/submissions/ID/notebook`` (the executed notebook),
 ``/instructor``, ``/instructor/grades.csv``, ``POST /instructor/regrade``.
 """
@@ -78,6 +79,36 @@ class Service:
         self.sources = {a: self.course.source_notebooks(a) for a in self.assignments}
         self.graders = None
         self._upload_lock = threading.Lock()
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._waiting: Dict[int, List[asyncio.Future]] = {}  # upload id -> requests held
+
+    # changes: a request for feedback waits for its upload's next change (a long poll)
+
+    def changed(self, submission_id: int) -> None:
+        """An upload's new state is committed (any thread): answer the requests held for it."""
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._release, submission_id)
+
+    def _release(self, submission_id: int) -> None:
+        for future in self._waiting.pop(submission_id, []):
+            if not future.done():
+                future.set_result(None)
+
+    async def next_change(self, submission_id: int, timeout: float) -> None:
+        """Return once the upload changes state, or after ``timeout`` seconds. Call it in the
+        same step of the event loop as the read it follows, so no change slips between."""
+        future = asyncio.get_running_loop().create_future()
+        self._waiting.setdefault(submission_id, []).append(future)
+        try:
+            await asyncio.wait_for(future, timeout)
+        except asyncio.TimeoutError:
+            pass
+        finally:
+            held = self._waiting.get(submission_id, [])
+            if future in held:
+                held.remove(future)
+                if not held:
+                    del self._waiting[submission_id]
 
     def notebooks(self) -> List[Path]:
         return [s.path for sources in self.sources.values() for s in sources.values()]
@@ -214,7 +245,8 @@ class Service:
     def run(self, runner, options, host: str, port: int) -> int:
         from .service_queue import Graders
         self.graders = Graders(self.store, runner, self.course, self.sources, options,
-                               self.config.rules, self.files, gradebook=self.gradebook)
+                               self.config.rules, self.files, gradebook=self.gradebook,
+                               on_change=self.changed)
         return asyncio.run(self._serve(host, port))
 
     async def _serve(self, host: str, port: int) -> int:
@@ -224,6 +256,7 @@ class Service:
         server = HTTPServer(self.application(),
                             max_body_size=MAX_NOTEBOOK_BYTES * SERVICE_BODY_CEILING)
         server.add_sockets(sockets)
+        self._loop = asyncio.get_running_loop()
         self.graders.start()
         address = sockets[0].getsockname()
         print(f"Serving {self.course.root} at http://{address[0]}:{address[1]}/ "

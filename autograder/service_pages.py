@@ -13,7 +13,7 @@ from typing import List, Optional
 
 import tornado.web
 
-from .options import SERVICE_REFRESH
+from .options import SERVICE_LONG_POLL, SERVICE_REFRESH
 from .service_auth import bearer
 from .service_db import DONE, GRADING, QUEUED, when
 
@@ -194,10 +194,20 @@ def feedback_html(data: dict) -> str:
 
 
 class Feedback(Base):
-    def get(self, submission_id: str, suffix: Optional[str]) -> None:
+    async def get(self, submission_id: str, suffix: Optional[str]) -> None:
         row = self.upload(submission_id)
         if row is None:
             return
+        if suffix == ".json" and row.state != DONE:
+            # ?wait=S: answer when the upload changes state (claimed, graded), not before
+            # S seconds (a long poll: `submit` learns its grade at once, without polling)
+            try:
+                hold = min(float(self.get_query_argument("wait", "0")), SERVICE_LONG_POLL)
+            except ValueError:
+                hold = 0.0
+            if hold > 0:
+                await self.service.next_change(row.id, hold)
+                row = self.service.store.get(row.id)
         data = self.service.feedback(row)
         if suffix == ".json":
             return self.finish(data)

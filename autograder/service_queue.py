@@ -34,16 +34,22 @@ class Graders:
     def __init__(self, store: Store, runner, course: Course,
                  sources: Dict[str, Dict[str, SourceNotebook]], options: GradeOptions,
                  rules: Dict[str, Rules], files: Path, gradebook: Optional[str] = None,
-                 on_done: Optional[Callable[[Row], None]] = None):
+                 on_done: Optional[Callable[[Row], None]] = None,
+                 on_change: Optional[Callable[[int], None]] = None):
         self.store, self.runner, self.course = store, runner, course
         self.sources, self.options, self.rules = sources, options, rules
         self.files, self.gradebook, self.on_done = Path(files), gradebook, on_done
+        self.on_change = on_change  # called with an upload's id once its state is committed
         self.jobs = runner.threads()
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._slots = threading.Semaphore(self.jobs)
         self._gradebook_lock = threading.Lock()
-        self._pool = ThreadPoolExecutor(max_workers=self.jobs, thread_name_prefix="service")
+        self._writer = None           # the gradebook, opened once (under the lock)
+        self._registered: set = set()  # assignments registered in it
+        # twice the jobs: an upload's results are written, and committed, while the next
+        # one is graded (the slots, not the pool, limit the gradings to ``jobs``)
+        self._pool = ThreadPoolExecutor(max_workers=2 * self.jobs, thread_name_prefix="service")
         self._thread = threading.Thread(target=self._dispatch, name="service-queue",
                                         daemon=True)
 
@@ -62,6 +68,14 @@ class Graders:
         self._wake.set()
         self._thread.join(timeout=5)
         self._pool.shutdown(wait=True, cancel_futures=True)
+        with self._gradebook_lock:
+            self._close_gradebook()
+
+    def _close_gradebook(self) -> None:
+        if self._writer is not None:
+            writer, self._writer = self._writer, None
+            self._registered.clear()
+            writer.close()
 
     def _dispatch(self) -> None:
         while not self._stop.is_set():
@@ -72,29 +86,43 @@ class Graders:
                 self._wake.wait(SERVICE_POLL)
                 self._wake.clear()
                 continue
+            self._changed(row.id)
             self._pool.submit(self._grade_and_release, row)
 
+    def _changed(self, submission_id: int) -> None:
+        if self.on_change is not None:
+            self.on_change(submission_id)
+
     def _grade_and_release(self, row: Row) -> None:
+        released = []
+
+        def release() -> None:  # the slot, once: when graded, before the bookkeeping
+            if not released:
+                released.append(True)
+                self._slots.release()
+                self._wake.set()
         try:
-            self.grade(row)
+            self.grade(row, graded=release)
         except Exception as error:  # a service bug: the upload still gets a result
             import traceback
             traceback.print_exc()
             self._failed(row, f"the service failed: {type(error).__name__}: {error}")
         finally:
-            self._slots.release()
-            self._wake.set()
+            release()
 
     def submission(self, row: Row) -> Submission:
         path = Path(row.path)
         return Submission(row.student, row.assignment, row.notebook, path,
                           root=self.files / "uploads")
 
-    def grade(self, row: Row) -> None:
-        """Grade one claimed row and commit its result (the one way a row gets one)."""
+    def grade(self, row: Row, graded: Optional[Callable[[], None]] = None) -> None:
+        """Grade one claimed row and commit its result (the one way a row gets one);
+        ``graded`` is called once the grading is over, before its results are written."""
         from .report import csv_row, write_submission
         sources = self.sources[row.assignment]
         result = self.runner.grade([self.submission(row)], sources, self.options)[0]
+        if graded is not None:
+            graded()
         rules = self.rules[row.assignment]
         penalty = rules.penalty(result.score, row.days_late)
         if penalty:
@@ -113,6 +141,7 @@ class Graders:
                           message=result.message, seconds=result.seconds,
                           csv_row=json.dumps(line), results=str(results),
                           executed=str(executed) if executed else None)
+        self._changed(row.id)
         if self.on_done is not None:
             self.on_done(row)
 
@@ -122,6 +151,7 @@ class Graders:
         result = SubmissionResult(self.submission(row), ERROR, message)
         self.store.finish(row.id, status=ERROR, score=0.0, max_score=0.0, penalty=0.0,
                           message=message, seconds=0.0, csv_row=json.dumps(csv_row(result)))
+        self._changed(row.id)
 
     def _record(self, row: Row, result, penalty: float) -> None:
         """Put the result into nbgrader's gradebook if it is the attempt that counts."""
@@ -136,6 +166,18 @@ class Graders:
                 return
         from .gradebook import GradebookWriter
         with self._gradebook_lock:
-            with GradebookWriter(self.gradebook, course_id=self.course.course_id) as writer:
-                writer.register_assignment(row.assignment, self.sources[row.assignment])
-                writer.record(result)
+            # One writer for the service's life: opening nbgrader's gradebook (its engine,
+            # its schema check) and registering the assignment took some 0.15 s per upload,
+            # in the grading slot (benchmarks/submit_load.py)
+            try:
+                if self._writer is None:
+                    self._writer = GradebookWriter(self.gradebook,
+                                                   course_id=self.course.course_id)
+                if row.assignment not in self._registered:
+                    self._writer.register_assignment(row.assignment,
+                                                     self.sources[row.assignment])
+                    self._registered.add(row.assignment)
+                self._writer.record(result)
+            except Exception:
+                self._close_gradebook()  # open it afresh for the next upload
+                raise

@@ -1,7 +1,7 @@
 """``python -m autograder submit NOTEBOOK --to URL --token T``: hand in from a terminal.
 
 Uploads the notebook to the submission service (``python -m autograder serve``), waits
-for its grade, polling the feedback with a deadline, and prints the feedback the web page
+for its grade (a long poll of its feedback, with a deadline), and prints the feedback the web page
 shows: each test with PASS or FAIL, its points and message, then the score. Standard
 library only (urllib), so it runs wherever the learner's notebook does.
 """
@@ -15,7 +15,7 @@ import urllib.request
 from pathlib import Path
 from typing import Optional, Tuple
 
-from .options import SERVICE_HTTP_TIMEOUT, SERVICE_POLL
+from .options import SERVICE_HTTP_TIMEOUT, SERVICE_LONG_POLL, SERVICE_POLL
 
 
 class SubmitError(Exception):
@@ -68,16 +68,23 @@ def wait(base: str, token: str, submission_id: str, timeout: float,
     deadline = time.monotonic() + timeout
     last = None
     while True:
-        data = _request(f"{base.rstrip('/')}/submissions/{submission_id}.json", token)
+        # a long poll: the service answers once the upload changes state (or after ``hold``
+        # seconds), so the grade arrives the moment it is committed
+        asked = time.monotonic()
+        hold = max(0.0, min(SERVICE_LONG_POLL, deadline - asked))
+        data = _request(f"{base.rstrip('/')}/submissions/{submission_id}.json?wait={hold:.1f}",
+                        token)
         if data["state"] == "done":
             return data
-        if on_wait is not None and (data["state"], data.get("position")) != last:
+        now = (data["state"], data.get("position"))
+        if on_wait is not None and now != last:
             on_wait(data)
-            last = (data["state"], data.get("position"))
         if time.monotonic() > deadline:
             raise SubmitError(f"not graded after {timeout:g} s; see {base}/submissions/"
                               f"{submission_id} later")
-        time.sleep(SERVICE_POLL)
+        if now == last:  # nothing changed, and quickly: a service that does not hold
+            time.sleep(max(0.0, SERVICE_POLL - (time.monotonic() - asked)))
+        last = now
 
 
 MARKS = {"passed": "PASS", "failed": "FAIL"}

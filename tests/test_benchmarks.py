@@ -113,3 +113,44 @@ def test_grading_an_assignment_imports_nothing_slow_beyond_torch(assignment, tmp
     pulled = json.loads(done.stdout.strip().splitlines()[-1])
     assert pulled == [], (f"{assignment}'s cells import {pulled}, seconds per grading process; "
                           "see the comment above LAZY")
+
+
+submit_load = load("submit_load")
+
+
+def test_the_learners_mix_and_the_kinds_of_result_expected(tmp_path):
+    course = throughput.make_course(tmp_path, {"ring_allreduce": "ring_allreduce"})
+    learners = [throughput.student(n + 1) for n in range(20)]
+    files = submit_load.hand_in(course, "ring_allreduce", "ring_allreduce", learners)
+    kinds = [kind for kind, _ in files.values()]
+    assert (kinds.count("correct"), kinds.count("wrong"), kinds.count("broken")) == (14, 4, 2)
+    bodies = {who: path.read_bytes() for who, (_, path) in files.items()}
+    assert len(set(bodies.values())) == 20  # each its own file, each its own TEST_SEED
+    for who, (kind, path) in files.items():
+        assert path == course / "submitted" / who / "ring_allreduce" / "ring_allreduce.ipynb"
+        if kind == "broken":
+            with pytest.raises(ValueError):
+                json.loads(bodies[who])
+    assert submit_load.expected("correct", "graded", 10, 10)
+    assert not submit_load.expected("correct", "graded", 9, 10)
+    assert submit_load.expected("wrong", "graded", 9, 10)
+    assert not submit_load.expected("wrong", "invalid", 0, 0)
+    assert submit_load.expected("broken", "invalid", 0, 0)
+    assert not submit_load.expected("broken", "graded", 0, 10)
+    assert submit_load.percentile([5, 1, 4, 2, 3], 0.95) == 5
+    assert submit_load.percentile(list(range(1, 101)), 0.95) == 95
+
+
+@pytest.mark.integration
+def test_four_learners_hand_in_to_the_real_service_and_all_get_feedback(capsys):
+    """The whole script, small: the real service, four learners, then grade on their files."""
+    assert submit_load.main(["--learners", "4", "--spread", "2", "--alone", "1",
+                             "--deadline", "300"]) == 0
+    printed = capsys.readouterr().out
+    header = next(line for line in printed.splitlines() if line.lstrip().startswith("learners"))
+    row = printed.splitlines()[printed.splitlines().index(header) + 2].split()
+    assert row[0] == "4" and len(row) == 9, printed
+    wall, median, p95, rate, grade_wall, grade_rate, ratio, alone = map(float, row[1:])
+    assert 0 < median <= p95 <= wall + 1 and alone > 0 and grade_wall > 0
+    assert rate == pytest.approx(4 / wall, rel=0.05) and ratio == pytest.approx(
+        rate / grade_rate, rel=0.05)
