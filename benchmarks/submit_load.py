@@ -12,7 +12,8 @@ a broken file (text that is not JSON, or a notebook cut in half, as a save cut
 short leaves it; an empty file is refused at the upload, so it has no place in the mix).
 
 Every upload must get its feedback before ``--deadline`` seconds, and the right kind: full marks
-for the reference answers, fewer for the wrong ones, ``invalid`` for the broken ones; otherwise
+for the reference answers, fewer for the wrong ones, a refusal at the upload for the broken ones
+(``grade`` gives them ``invalid``); otherwise
 the exit code is 1 and the offenders are listed. The same files, laid out as
 ``submitted/<student>/<assignment>/``, are then graded by ``python -m autograder grade`` with the
 same ``--jobs`` in the same run, for comparison. Before the load, one learner alone in the queue
@@ -60,6 +61,7 @@ FASTEST = "ring_allreduce"  # the fastest to grade in the README's table of 1,00
 INSTRUCTOR = "prof"
 ALONE = "alone"             # the learner alone in the queue
 CORRECT, WRONG, BROKEN_KIND = "correct", "wrong", "broken"
+REFUSED = "refused"  # an upload the service turned away at once, with its reason
 
 
 def kind_of(n: int) -> str:
@@ -104,7 +106,7 @@ def expected(kind: str, status: str, score: float, max_score: float) -> bool:
         return status == "graded" and score == max_score > 0
     if kind == WRONG:
         return status == "graded" and score < max_score
-    return status == "invalid"
+    return status in ("invalid", REFUSED)  # grade: invalid; the service refuses the upload
 
 
 @dataclass
@@ -185,6 +187,15 @@ def hand_in_once(url: str, token: str, path: Path, assignment: str, outcome: Out
     start = time.monotonic()
     try:
         sent = upload(path, url, token, assignment)
+    except SubmitError as refusal:  # the service refuses a broken file at once: its feedback
+        outcome.finished = time.monotonic()
+        outcome.latency, outcome.status = outcome.finished - start, REFUSED
+        outcome.error = "" if outcome.kind == BROKEN_KIND else f"SubmitError: {refusal}"
+        return outcome
+    except (OSError, ValueError, KeyError) as error:
+        outcome.error = f"{type(error).__name__}: {error}"
+        return outcome
+    try:
         data = wait(url, token, sent["id"], max(1.0, deadline - time.monotonic()))
     except (SubmitError, OSError, ValueError, KeyError) as error:
         outcome.error = f"{type(error).__name__}: {error}"

@@ -137,6 +137,8 @@ def test_the_learners_mix_and_the_kinds_of_result_expected(tmp_path):
     assert not submit_load.expected("wrong", "invalid", 0, 0)
     assert submit_load.expected("broken", "invalid", 0, 0)
     assert not submit_load.expected("broken", "graded", 0, 10)
+    assert submit_load.expected("broken", submit_load.REFUSED, 0, 0)  # refused at the upload
+    assert not submit_load.expected("correct", submit_load.REFUSED, 0, 0)
     assert submit_load.percentile([5, 1, 4, 2, 3], 0.95) == 5
     assert submit_load.percentile(list(range(1, 101)), 0.95) == 95
 
