@@ -87,3 +87,17 @@ def course_run(tmp_path_factory):
     pytest.importorskip("nbgrader", reason="nbgrader is not installed here")
     from tests.course_run import instructor_steps
     return instructor_steps(tmp_path_factory.mktemp("course"))
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """A headless Chromium (tests/browser.py) for the browser tests; skipped where none can be
+    found or installed."""
+    from tests.browser import Chromium, find_chromium
+
+    binary, why = find_chromium(install=True)
+    if binary is None:
+        pytest.skip(f"no Chromium for the browser test: {why}")
+    chromium = Chromium(binary)
+    yield chromium
+    chromium.close()

@@ -25,7 +25,7 @@ import nbformat
 import pytest
 
 from tests.autograder_fixtures.submissions import answered, write
-from tests.browser import Chromium, find_chromium, serve
+from tests.browser import Chromium, serve
 from tests.test_autograder_service import (OFF_BY_ONE, Server, autograder, tokens,
                                            with_rules)
 
@@ -34,16 +34,6 @@ pytestmark = pytest.mark.integration
 # The feedback page's table as data: one [mark, test, points, message] per test.
 FEEDBACK_ROWS = """[...document.querySelectorAll('table tr')].slice(1).map(
   tr => [...tr.querySelectorAll('td')].map(td => td.innerText.trim()))"""
-
-
-@pytest.fixture(scope="module")
-def browser():
-    binary, why = find_chromium(install=True)
-    if binary is None:
-        pytest.skip(f"no Chromium for the browser test: {why}")
-    chromium = Chromium(binary)
-    yield chromium
-    chromium.close()
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from urllib.parse import urldefrag, urljoin
 
 import pytest
 
-from tests.browser import Chromium, find_chromium, serve
+from tests.browser import serve
 from tests.test_book import toc_files
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -44,16 +44,6 @@ BROKEN_IMAGES = """Promise.all([...document.images].map(img => {
   img.loading = 'eager';
   return img.decode().then(() => null, () => img.currentSrc || img.src);
 })).then(found => found.filter(Boolean))"""
-
-
-@pytest.fixture(scope="module")
-def browser():
-    binary, why = find_chromium(install=True)
-    if binary is None:
-        pytest.skip(f"no Chromium for the browser test: {why}")
-    chromium = Chromium(binary)
-    yield chromium
-    chromium.close()
 
 
 @pytest.fixture(scope="module")
