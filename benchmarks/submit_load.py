@@ -37,12 +37,10 @@ import platform
 import queue
 import random
 import re
-import shutil
 import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -52,7 +50,8 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]  # the sibling benchmarks and the tests' helpers
 
 from assignment_throughput import make_course, reference_submission, student  # noqa: E402
-from grading_throughput import ROOT, answer_cells, cpu_name, run, tool_env  # noqa: E402
+from grading_throughput import (add_keep_option, answer_cells, cpu_name,  # noqa: E402
+                                 report_problems, run, scratch_folder, tool_env)
 from tests.assignments import ASSIGNMENTS, wrong_submissions  # noqa: E402
 
 from autograder.submit import SubmitError, upload, wait  # noqa: E402
@@ -308,15 +307,12 @@ def main(argv=None) -> int:
                         help="seconds within which every upload must have feedback (900)")
     parser.add_argument("--alone", type=int, default=5,
                         help="uploads of the learner alone in the queue (default 5)")
-    parser.add_argument("--keep", type=Path, default=None,
-                        help="build the scratch course here and keep it (default: a temp dir)")
+    add_keep_option(parser)
     args = parser.parse_args(argv)
     if args.learners < 1 or args.jobs < 1 or args.alone < 1 or args.spread < 0:
         parser.error("--learners, --jobs and --alone must be at least 1, --spread at least 0")
     assignment, notebook = args.assignment, ASSIGNMENTS[args.assignment]
-    base = args.keep or Path(tempfile.mkdtemp(prefix="submit-load-"))
-    base.mkdir(parents=True, exist_ok=True)
-    try:
+    with scratch_folder(args.keep, "submit-load-") as base:
         course = make_course(base, {assignment: notebook})
         learners = [student(n + 1) for n in range(args.learners)]
         (course / "roster.toml").write_text(
@@ -361,15 +357,8 @@ def main(argv=None) -> int:
             print(table(Measured(args.learners, wall, statistics.median(latencies),
                                  percentile(latencies, 0.95), grade_wall,
                                  statistics.median(lone_seconds))))
-        if problems:
-            print(f"\n{len(problems)} uploads without feedback or with the wrong kind of "
-                  "result:", file=sys.stderr)
-            print("\n".join(f"  {line}" for line in problems[:50]), file=sys.stderr)
-            return 1
-        return 0
-    finally:
-        if args.keep is None:
-            shutil.rmtree(base, ignore_errors=True)
+        return report_problems(problems, "uploads without feedback or with the wrong kind of "
+                                         "result")
 
 
 if __name__ == "__main__":
