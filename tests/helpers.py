@@ -2,12 +2,24 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import nbformat
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def autograder(*args, cwd=ROOT, env=None, timeout=600) -> subprocess.CompletedProcess:
+    """``python -m autograder ARGS`` as its user runs it (this checkout on the path, ``env``
+    added to the environment), to completion: its exit status and output."""
+    environment = dict(os.environ, PYTHONPATH=str(ROOT))
+    environment.update(env or {})
+    return subprocess.run([sys.executable, "-m", "autograder", *map(str, args)], cwd=cwd,
+                          env=environment, capture_output=True, text=True, timeout=timeout)
 EXECUTED = ROOT / "_build" / "jupyter_execute"
 
 
