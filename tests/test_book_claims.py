@@ -589,6 +589,12 @@ def test_the_rules_catch_a_verdict_that_disagrees():
     far_below = {"gelu_eager_share": 11.0, "gelu_compiled_share": 6.0, "gelu_speedup": 5.4,
                  "gelu_roof_ratio": 9.0}
     assert _pm_gelu_bound(far_below).endswith("predicts nothing for this run")
+    # utilization-memory: a CPU run compares nothing; a conversion that gave NaN is no saturation
+    assert _um_expandable({"on_gpu": False, "default_ratio": float("nan"),
+                           "expandable_ratio": float("nan")}).startswith("so there is no snapshot")
+    assert _um_expandable({"on_gpu": True, "default_ratio": 1.4, "expandable_ratio": 1.1}) == (
+        "so expandable segments reserved less")
+    assert _um_overflow({"e4m3_of_500": float("nan"), "e4m3_max": 448.0}).startswith("NaN")
 
 
 def test_every_verdict_a_page_glues_is_checked():
