@@ -475,6 +475,52 @@ FACTS += [(_DDP, "zero1_8", lambda v: 2 + 2 + 12 / 8), (_DDP, "zero2_8", lambda 
           (_DDP, "zero_allreduce_per_param", lambda v: 1.0),
           (_DDP, "zero_broadcast_per_param", lambda v: 1.0)]
 
+_UM = "chapters/utilization-memory"
+
+
+def _um_expandable(v):
+    """utilization-memory: reserved over peak allocated bytes, default against expandable
+    segments, on a GPU; on a CPU there is nothing to compare."""
+    if not v["on_gpu"]:
+        return "so there is no snapshot and no comparison of the two settings to report"
+    return ("so expandable segments reserved less" if v["expandable_ratio"] < v["default_ratio"]
+            else "so expandable segments reserved no less")
+
+
+def _um_overflow(v):
+    """utilization-memory: what converting 500 to float8_e4m3fn gave."""
+    if v["e4m3_of_500"] == v["e4m3_max"]:
+        return "the largest E4M3 number: the conversion saturates"
+    if math.isnan(v["e4m3_of_500"]):
+        return "NaN: the conversion does not saturate"
+    return "a number other than E4M3's largest"
+
+
+CLAIMS += [
+    (_UM, "step_share_verdict",
+     lambda v: ("at least half of what the large product reached" if v["matmul_share"] >= 50
+                else "less than half of what the large product reached"), False),
+    (_UM, "ckpt_time_verdict",
+     _mp_time("ckpt_time_ratio", "faster than keeping the activations",
+              "slower than keeping the activations",
+              "about as fast as keeping the activations, within 10%", inverse=True), False),
+    (_UM, "overlap_verdict",
+     lambda v: ("no longer than the backward pass, so it could hide entirely behind it"
+                if v["allreduce_ms"] <= v["backward_ms_again"]
+                else "longer than the backward pass, so part of it would always show"), False),
+    (_UM, "expandable_verdict", _um_expandable, False),
+    (_UM, "overflow_verdict", _um_overflow, False),
+    (_UM, "fp8_error_verdict",
+     lambda v: ("within the 2^-4 that rounding to 3 mantissa bits can cost"
+                if v["fp8_error_scaled"] <= 2**-4
+                else "more than the 2^-4 that rounding to 3 mantissa bits can cost"), False),
+]
+# The FP8 formats' ranges follow from their bit layouts; backward costs twice the forward.
+FACTS += [(_UM, "e4m3_max", lambda v: 448.0), (_UM, "e5m2_max", lambda v: 57344.0),
+          (_UM, "e4m3_min_subnormal", lambda v: 2.0**-9),
+          (_UM, "e5m2_min_subnormal", lambda v: 2.0**-16),
+          (_UM, "backward_forward_ratio", lambda v: 2.0)]
+
 # Verdicts glued under names made in a loop, which the source scan below cannot read.
 LOOPED = set()
 
@@ -543,6 +589,12 @@ def test_the_rules_catch_a_verdict_that_disagrees():
     far_below = {"gelu_eager_share": 11.0, "gelu_compiled_share": 6.0, "gelu_speedup": 5.4,
                  "gelu_roof_ratio": 9.0}
     assert _pm_gelu_bound(far_below).endswith("predicts nothing for this run")
+    # utilization-memory: a CPU run compares nothing; a conversion that gave NaN is no saturation
+    assert _um_expandable({"on_gpu": False, "default_ratio": float("nan"),
+                           "expandable_ratio": float("nan")}).startswith("so there is no snapshot")
+    assert _um_expandable({"on_gpu": True, "default_ratio": 1.4, "expandable_ratio": 1.1}) == (
+        "so expandable segments reserved less")
+    assert _um_overflow({"e4m3_of_500": float("nan"), "e4m3_max": 448.0}).startswith("NaN")
 
 
 def test_every_verdict_a_page_glues_is_checked():
