@@ -766,3 +766,51 @@ def pipeline_job(rank: int, world_size: int, config: dict) -> dict:
     out["reference_loss"] = float(reference.detach())
     out["micro_batch_bytes"] = rows * width * 4
     return out
+
+
+def plot_schedule(records, ax=None, title: str = "", unit: str = "ms", scale: float = 1e3):
+    """Draw ``(stage, kind, micro, start, end)`` records, one lane per stage: forward passes in
+    one colour, backward passes in another, each labelled with its micro-batch; times are
+    multiplied by ``scale`` and shifted to start at 0."""
+    import matplotlib.pyplot as plt
+    if ax is None:
+        _, ax = plt.subplots(figsize=(8, 0.6 + 0.45 * len({r[0] for r in records})))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    origin = min(r[3] for r in records)
+    for stage, kind, micro, start, end in records:
+        left, width = (start - origin) * scale, (end - start) * scale
+        ax.barh(stage, width, left=left, height=0.6, color=colors[0 if kind == "F" else 1],
+                edgecolor="black", linewidth=0.5)
+        ax.text(left + width / 2, stage, str(micro), ha="center", va="center", fontsize=7,
+                clip_on=True)
+    stages = sorted({r[0] for r in records})
+    ax.set_yticks(stages, [f"stage {s}" for s in stages])
+    ax.invert_yaxis()
+    ax.set_xlabel(f"time ({unit})")
+    ax.grid(axis="y", visible=False)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=colors[0]), plt.Rectangle((0, 0), 1, 1,
+                                                                           color=colors[1])]
+    ax.legend(handles, ["forward", "backward"], loc="lower right", fontsize=7)
+    if title:
+        ax.set_title(title)
+    return ax
+
+
+def pipeline_runs(results: Sequence[dict], name: str) -> List[list]:
+    """The timed runs of schedule ``name`` from :func:`pipeline_job`'s results (one per stage),
+    each as ``(stage, kind, micro, start, end)`` records of all the stages."""
+    count = len(results[0]["schedules"][name]["runs"])
+    return [[(result["rank"], kind, micro, start, end)
+             for result in results for kind, micro, start, end in result["schedules"][name]["runs"][run]]
+            for run in range(count)]
+
+
+def stage_times(records) -> Tuple[List[float], List[float]]:
+    """Each stage's mean forward and backward time in ``records``: what :func:`simulate` takes."""
+    stages = sorted({r[0] for r in records})
+
+    def mean(stage, kind):
+        spans = [end - start for s, k, _, start, end in records if s == stage and k == kind]
+        return sum(spans) / len(spans)
+
+    return [mean(s, "F") for s in stages], [mean(s, "B") for s in stages]

@@ -475,6 +475,53 @@ FACTS += [(_DDP, "zero1_8", lambda v: 2 + 2 + 12 / 8), (_DDP, "zero2_8", lambda 
           (_DDP, "zero_allreduce_per_param", lambda v: 1.0),
           (_DDP, "zero_broadcast_per_param", lambda v: 1.0)]
 
+_MODEL = "chapters/model-parallelism"
+CLAIMS += [
+    (_MODEL, "tp_sent_verdict",
+     lambda v: ("exactly what the formula gives" if v["tp_sent_gap"] < 0.5
+                else "not what the formula gives"), False),
+    (_MODEL, "sp_traffic_verdict",
+     lambda v: ("the same number of elements as" if v["sp_gap"] < 0.5
+                else "a different number of elements from"), False),
+    (_MODEL, "sp_saved_verdict", lambda v: "less" if v["sp_saved_share"] < 100 else "no less",
+     False),
+    (_MODEL, "ring_verdict",
+     lambda v: "exactly the formula's" if v["ring_gap"] < 0.5 else "not the formula's", False),
+    (_MODEL, "bubble_sim_verdict",
+     lambda v: ("the formula's, to rounding" if v["bubble_gap"] < 1e-9
+                else "not always the formula's"), False),
+    (_MODEL, "pipe_sim_verdict",
+     lambda v: ("within 5 percentage points of what the simulator predicts from the same run's "
+                "operation times, for both schedules" if v["pipe_sim_gap"] <= 5 else
+                "more than 5 percentage points away from what the simulator predicts from the "
+                "same run's operation times for at least one schedule, so time went to "
+                "something the simulator leaves out: the transfers and the waiting for them"),
+     False),
+    (_MODEL, "pipe_formula_verdict",
+     lambda v: ("no more than 5 percentage points above the formula for both schedules"
+                if v["pipe_formula_gap"] <= 5 else
+                "more than 5 percentage points above the formula for at least one schedule"),
+     False),
+    (_MODEL, "pipe_memory_verdict",
+     lambda v: ("less memory than GPipe's" if v["ofob_peak"] < v["gpipe_peak"]
+                else "no less memory than GPipe's"), False),
+    (_MODEL, "torch_tp_verdict",
+     lambda v: ("the same collectives, of the same sizes, in the same groups"
+                if v["torch_tp_mismatches"] == 0
+                else f"different collectives on {v['torch_tp_mismatches']} of the ranks"), False),
+]
+# Korthikanti et al. 2022's activation bytes per layer, sbh(34 + 5as/h), for GPT-3's layer
+# (s = 2048, h = 12288, a = 96, one sequence): 34 + 80 = 114 unsplit; 10 + 24/8 + 80/8 = 23
+# with 8-way tensor parallelism; 114/8 with sequence parallelism too; 96 layers.
+_SBH = 2048 * 12288
+FACTS += [(_MODEL, "act_layer_gb", lambda v: _SBH * 114 / 1e9),
+          (_MODEL, "act_model_gb", lambda v: 96 * _SBH * 114 / 1e9),
+          (_MODEL, "act_tp8_gb", lambda v: 96 * _SBH * 23 / 1e9),
+          (_MODEL, "act_sp8_gb", lambda v: 96 * _SBH * 114 / 8 / 1e9),
+          (_MODEL, "states_tb", lambda v: 175e9 * 16 / 1e12),
+          (_MODEL, "zero3_64_gb", lambda v: 175e9 * 16 / 64 / 1e9),
+          (_MODEL, "bubble_4_8", lambda v: 100 * 3 / 11)]
+
 # Verdicts glued under names made in a loop, which the source scan below cannot read.
 LOOPED = set()
 
