@@ -58,36 +58,46 @@ def _numel(value) -> int:
     return 0
 
 
-def _group_size(args: tuple, default: int) -> int:
-    """The size of the process group an operator call names: c10d operators take the group as
-    a boxed ``ProcessGroup`` (a TorchScript object), functional collectives by its name."""
+def _group(args: tuple, default: int) -> Tuple[int, Optional[Tuple[int, ...]]]:
+    """The size and the global ranks of the process group an operator call names: c10d
+    operators take the group as a boxed ``ProcessGroup`` (a TorchScript object), functional
+    collectives by its name. ``(default, None)`` when the call names none."""
+    def found(group):
+        try:
+            ranks = tuple(dist.get_process_group_ranks(group))
+        except (ValueError, RuntimeError, KeyError):  # a group this process did not register
+            ranks = None
+        return group.size(), ranks
+
     for arg in args:
         if isinstance(arg, torch.ScriptObject) and arg._type().name() == "ProcessGroup":
-            return dist.ProcessGroup.unbox(arg).size()
+            return found(dist.ProcessGroup.unbox(arg))
         if isinstance(arg, str):
             from torch.distributed.distributed_c10d import _resolve_process_group
             try:
-                return dist.get_world_size(_resolve_process_group(arg))
+                group = _resolve_process_group(arg)
             except (ValueError, RuntimeError, KeyError):  # a string that names no group
                 continue
-    return default
+            return found(group)
+    return default, None
 
 
-def classify(name: str, args: tuple, default_size: int = 1) -> Optional[Tuple[str, int, int]]:
-    """``(kind, elements of the full tensor, group size)`` of a communication operator's call,
-    or None for any other operator. ``name`` is the operator's name, ``c10d.allreduce_.default``
-    or ``_c10d_functional.all_reduce.default``; sends count the elements sent."""
+def classify(name: str, args: tuple, default_size: int = 1):
+    """``(kind, elements of the full tensor, group size, group ranks)`` of a communication
+    operator's call, or None for any other operator. ``name`` is the operator's name,
+    ``c10d.allreduce_.default`` or ``_c10d_functional.all_reduce.default``; sends count the
+    elements sent; the ranks are None where the group cannot be told."""
     namespace, _, rest = name.partition(".")
     op = rest.split(".")[0]
     if namespace == "c10d" and op in _C10D:
         kind, index = _C10D[op]
-        return kind, _numel(args[index]), _group_size(args, default_size)
+        return (kind, _numel(args[index]), *_group(args, default_size))
     if namespace == "_c10d_functional" and op in _FUNCTIONAL:
         kind = _FUNCTIONAL[op]
-        size = _group_size(args, default_size)
+        size, ranks = _group(args, default_size)
         local = _numel(args[0])
         full = local * size if kind == "all-gather" else local
-        return kind, full, size
+        return kind, full, size, ranks
     return None
 
 
@@ -102,7 +112,7 @@ class CommCounter:
     """
 
     def __init__(self):
-        self.records: List[Tuple[str, int, int]] = []
+        self.records: List[tuple] = []
         self._mode = None
 
     def __enter__(self) -> "CommCounter":
@@ -130,13 +140,13 @@ class CommCounter:
 
     def calls(self) -> Dict[str, int]:
         out: Dict[str, int] = {}
-        for kind, _, _ in self.records:
+        for kind, *_ in self.records:
             out[kind] = out.get(kind, 0) + 1
         return out
 
     def elements(self) -> Dict[str, int]:
         out: Dict[str, int] = {}
-        for kind, numel, _ in self.records:
+        for kind, numel, *_ in self.records:
             out[kind] = out.get(kind, 0) + numel
         return out
 
@@ -144,7 +154,7 @@ class CommCounter:
         """Elements this process sends in the block: ring algorithms for the collectives
         (:data:`RING_SENT`, each with its own group's size), the elements of every send."""
         return sum(numel if kind == "send" else RING_SENT[kind](size) * numel
-                   for kind, numel, size in self.records)
+                   for kind, numel, size, *_ in self.records)
 
 
 # ---------------------------------------------------------------- tensor parallelism

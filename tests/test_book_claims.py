@@ -505,6 +505,8 @@ CLAIMS += [
     (_MODEL, "pipe_memory_verdict",
      lambda v: ("less memory than GPipe's" if v["ofob_peak"] < v["gpipe_peak"]
                 else "no less memory than GPipe's"), False),
+    (_MODEL, "peak_flight_verdict",
+     lambda v: "smaller than" if v["peak_ratio"] < v["flight_ratio"] else "no smaller than", False),
     (_MODEL, "torch_tp_verdict",
      lambda v: ("the same collectives, of the same sizes, in the same groups"
                 if v["torch_tp_mismatches"] == 0

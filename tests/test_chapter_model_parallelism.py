@@ -101,7 +101,13 @@ def test_the_mesh_splits_two_ways_and_matches_pytorch(page):
     assert number(values, "torch_tp_mismatches") == 0 and number(values, "torch_tp_diff") < 1e-5
     assert number(values, "hsdp_share") == 50
     assert re.search(r"0\s+\(0, 0\)\s+\[0, 1\]\s+\[0, 2\]", text)  # rank 0's row of the mesh
-    assert "all-gather in groups of 2" in text and "allreduce in groups of 2" in text
+    # rank 0: tensor parallelism and HSDP's sharding in its row, the rest in its column
+    assert values["mesh_tp_group"].strip("'") == "[0, 1]"
+    assert values["mesh_dp_group"].strip("'") == "[0, 2]"
+    assert values["hsdp_gather_group"].strip("'") == "[0, 1]"
+    assert values["hsdp_allreduce_group"].strip("'") == "[0, 2]"
+    assert number(values, "hsdp_gather_elements") == 2 * number(values, "hsdp_allreduce_elements")
+    assert number(values, "flight_ratio") == number(values, "gpipe_flight") / number(values, "ofob_flight")
 
 
 @pytest.mark.gpu

@@ -71,10 +71,11 @@ def test_a_schedule_that_waits_for_itself_is_refused():
 # ---------------------------------------------------------------- counting
 def test_classify_reads_c10d_and_functional_names():
     x = torch.zeros(6)
-    assert mp.classify("c10d.allreduce_.default", ([x],), 4) == ("allreduce", 6, 4)
+    # without a group among the arguments: the default size, ranks unknown
+    assert mp.classify("c10d.allreduce_.default", ([x],), 4) == ("allreduce", 6, 4, None)
     assert mp.classify("c10d._reduce_scatter_base_.default", (torch.zeros(2), x), 3) == (
-        "reduce-scatter", 6, 3)
-    assert mp.classify("c10d.send.default", ([x],), 2) == ("send", 6, 2)
+        "reduce-scatter", 6, 3, None)
+    assert mp.classify("c10d.send.default", ([x],), 2) == ("send", 6, 2, None)
     # a functional all-gather takes the local piece: the full tensor is n times larger
     assert mp.classify("_c10d_functional.all_gather_into_tensor.default", (x,), 1)[1] == 6
     assert mp.classify("aten.mm.default", (x, x), 2) is None
@@ -140,15 +141,19 @@ def test_the_mesh_makes_rows_and_columns_of_processes(page_results):
         assert mesh["tp ranks"] == [2 * row, 2 * row + 1]
         assert mesh["dp ranks"] == [column, column + 2]
         assert mesh["2d"]["max_diff"] < 1e-5
-        assert {size for _, _, size in mesh["2d"]["tp"] + mesh["2d"]["dp"]} == {2}
-        assert sum(n for _, n, _ in mesh["2d"]["dp"]) == mesh["2d"]["gradient elements"]
+        tp_ranks, dp_ranks = tuple(mesh["tp ranks"]), tuple(mesh["dp ranks"])
+        assert {(size, ranks) for _, _, size, ranks in mesh["2d"]["tp"]} == {(2, tp_ranks)}
+        assert {(size, ranks) for _, _, size, ranks in mesh["2d"]["dp"]} == {(2, dp_ranks)}
+        assert sum(n for _, n, *_ in mesh["2d"]["dp"]) == mesh["2d"]["gradient elements"]
         torch_tp = mesh["parallelize_module"]
         assert torch_tp["output_diff"] < 1e-5 and torch_tp["input_grad_diff"] < 1e-5
         assert sorted(torch_tp["theirs"]) == sorted(torch_tp["ours"])
         hsdp = mesh["hsdp"]
         assert hsdp["local"] * 2 == hsdp["total"]
-        kinds = {kind: size for kind, _, size in hsdp["records"]}
-        assert kinds == {"all-gather": 2, "reduce-scatter": 2, "allreduce": 2}
+        # the second dimension of the mesh shards, the first replicates
+        groups = {kind: ranks for kind, _, _, ranks in hsdp["records"]}
+        assert groups == {"all-gather": tp_ranks, "reduce-scatter": tp_ranks,
+                          "allreduce": dp_ranks}
 
 
 def test_the_pipeline_computes_the_whole_model_s_gradients():
