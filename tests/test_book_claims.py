@@ -505,6 +505,9 @@ CLAIMS += [
     (_MODEL, "pipe_memory_verdict",
      lambda v: ("less memory than GPipe's" if v["ofob_peak"] < v["gpipe_peak"]
                 else "no less memory than GPipe's"), False),
+    (_MODEL, "pipe_time_verdict",
+     lambda v: ("about as long as 1F1B, within 10%" if abs(v["pipe_time_ratio"] - 1) <= 0.10 else
+                "longer than 1F1B" if v["pipe_time_ratio"] > 1 else "less time than 1F1B"), False),
     (_MODEL, "peak_flight_verdict",
      lambda v: "smaller than" if v["peak_ratio"] < v["flight_ratio"] else "no smaller than", False),
     (_MODEL, "torch_tp_verdict",

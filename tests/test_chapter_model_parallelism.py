@@ -89,6 +89,8 @@ def test_pipeline_numbers_agree_with_each_other(page):
         max(abs(idle[k] - sim[k]) for k in idle), rel=1e-6)
     assert number(values, "pipe_formula_gap") == pytest.approx(
         max(idle.values()) - number(values, "pipe_formula"), rel=1e-6)
+    assert number(values, "pipe_time_ratio") == pytest.approx(
+        number(values, "gpipe_ms") / number(values, "ofob_ms"), rel=1e-6)
     assert number(values, "peak_ratio") == pytest.approx(
         number(values, "gpipe_peak") / number(values, "ofob_peak"), rel=1e-6)
 
