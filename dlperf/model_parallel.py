@@ -542,6 +542,7 @@ def run_pipeline(stage: nn.Module, ops: Sequence[Op], inputs: Sequence[torch.Ten
                 x = torch.empty(shape, device=device)
                 dist.recv(x, rank - 1, group=group)
                 x.requires_grad_(True)
+            _sync(device)  # NCCL's recv returns once queued: the clock starts when data are here
             start = time.perf_counter()
             y = stage(x)
             if rank == world - 1:
@@ -560,6 +561,7 @@ def run_pipeline(stage: nn.Module, ops: Sequence[Op], inputs: Sequence[torch.Ten
             else:
                 grad = torch.empty(shape, device=device)
                 dist.recv(grad, rank + 1, group=group)
+                _sync(device)
                 start = time.perf_counter()
                 y.backward(grad)
             if rank > 0:
