@@ -189,7 +189,8 @@ class _ReduceFromGroup(torch.autograd.Function):
         return grad, None
 
 
-# PyTorch 2.14 renamed the single-tensor all-gather and reduce-scatter; older ones have the old names.
+# PyTorch 2.14 renamed the single-tensor all-gather and reduce-scatter; older versions have only
+# the old names.
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
@@ -275,7 +276,10 @@ class ColumnParallelLinear(nn.Module):
         self.bias = nn.Parameter(shard(full.bias, 0, group))
 
     def forward(self, x):
-        x = gather_sequence(x, self.group) if self.sequence_parallel else copy_to_group(x, self.group)
+        if self.sequence_parallel:
+            x = gather_sequence(x, self.group)
+        else:
+            x = copy_to_group(x, self.group)
         return F.linear(x, self.weight, self.bias)
 
 
@@ -813,7 +817,8 @@ def pipeline_runs(results: Sequence[dict], name: str) -> List[list]:
     each as ``(stage, kind, micro, start, end)`` records of all the stages."""
     count = len(results[0]["schedules"][name]["runs"])
     return [[(result["rank"], kind, micro, start, end)
-             for result in results for kind, micro, start, end in result["schedules"][name]["runs"][run]]
+             for result in results
+             for kind, micro, start, end in result["schedules"][name]["runs"][run]]
             for run in range(count)]
 
 

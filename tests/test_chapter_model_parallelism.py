@@ -38,7 +38,8 @@ def test_page_runs_its_processes_and_draws_the_schedules(page):
 def test_activation_arithmetic_follows_korthikanti(page):
     _, text, values = page
     assert number(values, "act_model_gb") == pytest.approx(96 * number(values, "act_layer_gb"))
-    assert number(values, "act_sp8_gb") < number(values, "act_tp8_gb") < number(values, "act_model_gb")
+    assert (number(values, "act_sp8_gb") < number(values, "act_tp8_gb")
+            < number(values, "act_model_gb"))
     assert "2.8 TB" in text
 
 
@@ -47,7 +48,8 @@ def test_tensor_parallel_traffic_is_the_formula(page):
     n = number(values, "world_size")
     activations = number(values, "tokens") * number(values, "width")
     assert number(values, "tp_formula") == pytest.approx(2 * (n - 1) / n * activations)
-    assert number(values, "tp_sent_min") == number(values, "tp_sent_max") == number(values, "tp_formula")
+    assert (number(values, "tp_sent_min") == number(values, "tp_sent_max")
+            == number(values, "tp_formula"))
     assert number(values, "tp_sent_gap") == 0
     assert number(values, "tp_max_diff") < 1e-5
     assert number(values, "tp_weight_share") == pytest.approx(100 / n)
@@ -109,7 +111,8 @@ def test_the_mesh_splits_two_ways_and_matches_pytorch(page):
     assert values["hsdp_gather_group"].strip("'") == "[0, 1]"
     assert values["hsdp_allreduce_group"].strip("'") == "[0, 2]"
     assert number(values, "hsdp_gather_elements") == 2 * number(values, "hsdp_allreduce_elements")
-    assert number(values, "flight_ratio") == number(values, "gpipe_flight") / number(values, "ofob_flight")
+    assert number(values, "flight_ratio") == (number(values, "gpipe_flight")
+                                              / number(values, "ofob_flight"))
 
 
 @pytest.mark.gpu
