@@ -520,6 +520,57 @@ FACTS += [(_UM, "e4m3_max", lambda v: 448.0), (_UM, "e5m2_max", lambda v: 57344.
           (_UM, "e4m3_min_subnormal", lambda v: 2.0**-9),
           (_UM, "e5m2_min_subnormal", lambda v: 2.0**-16),
           (_UM, "backward_forward_ratio", lambda v: 2.0)]
+_MODEL = "chapters/model-parallelism"
+CLAIMS += [
+    (_MODEL, "tp_sent_verdict",
+     lambda v: ("exactly what the formula gives" if v["tp_sent_gap"] < 0.5
+                else "not what the formula gives"), False),
+    (_MODEL, "sp_traffic_verdict",
+     lambda v: ("the same number of elements as" if v["sp_gap"] < 0.5
+                else "a different number of elements from"), False),
+    (_MODEL, "sp_saved_verdict", lambda v: "less" if v["sp_saved_share"] < 100 else "no less",
+     False),
+    (_MODEL, "ring_verdict",
+     lambda v: "exactly the formula's" if v["ring_gap"] < 0.5 else "not the formula's", False),
+    (_MODEL, "bubble_sim_verdict",
+     lambda v: ("the formula's, to rounding" if v["bubble_gap"] < 1e-9
+                else "not always the formula's"), False),
+    (_MODEL, "pipe_sim_verdict",
+     lambda v: ("within 5 percentage points of what the simulator predicts from the same run's "
+                "operation times, for both schedules" if v["pipe_sim_gap"] <= 5 else
+                "more than 5 percentage points away from what the simulator predicts from the "
+                "same run's operation times for at least one schedule, so time went to "
+                "something the simulator leaves out: the transfers and the waiting for them"),
+     False),
+    (_MODEL, "pipe_formula_verdict",
+     lambda v: ("no more than 5 percentage points above the formula for both schedules"
+                if v["pipe_formula_gap"] <= 5 else
+                "more than 5 percentage points above the formula for at least one schedule"),
+     False),
+    (_MODEL, "pipe_memory_verdict",
+     lambda v: ("less memory than GPipe's" if v["ofob_peak"] < v["gpipe_peak"]
+                else "no less memory than GPipe's"), False),
+    (_MODEL, "pipe_time_verdict",
+     lambda v: ("about as long as 1F1B, within 10%" if abs(v["pipe_time_ratio"] - 1) <= 0.10 else
+                "longer than 1F1B" if v["pipe_time_ratio"] > 1 else "less time than 1F1B"), False),
+    (_MODEL, "peak_flight_verdict",
+     lambda v: "smaller than" if v["peak_ratio"] < v["flight_ratio"] else "no smaller than", False),
+    (_MODEL, "torch_tp_verdict",
+     lambda v: ("the same collectives, of the same sizes, in the same groups"
+                if v["torch_tp_mismatches"] == 0
+                else f"different collectives on {v['torch_tp_mismatches']} of the ranks"), False),
+]
+# Korthikanti et al. 2022's activation bytes per layer, sbh(34 + 5as/h), for GPT-3's layer
+# (s = 2048, h = 12288, a = 96, one sequence): 34 + 80 = 114 unsplit; 10 + 24/8 + 80/8 = 23
+# with 8-way tensor parallelism; 114/8 with sequence parallelism too; 96 layers.
+_SBH = 2048 * 12288
+FACTS += [(_MODEL, "act_layer_gb", lambda v: _SBH * 114 / 1e9),
+          (_MODEL, "act_model_gb", lambda v: 96 * _SBH * 114 / 1e9),
+          (_MODEL, "act_tp8_gb", lambda v: 96 * _SBH * 23 / 1e9),
+          (_MODEL, "act_sp8_gb", lambda v: 96 * _SBH * 114 / 8 / 1e9),
+          (_MODEL, "states_tb", lambda v: 175e9 * 16 / 1e12),
+          (_MODEL, "zero3_64_gb", lambda v: 175e9 * 16 / 64 / 1e9),
+          (_MODEL, "bubble_4_8", lambda v: 100 * 3 / 11)]
 
 # Verdicts glued under names made in a loop, which the source scan below cannot read.
 LOOPED = set()
