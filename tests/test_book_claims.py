@@ -599,6 +599,11 @@ def test_the_rules_catch_a_verdict_that_disagrees():
     far_below = {"gelu_eager_share": 11.0, "gelu_compiled_share": 6.0, "gelu_speedup": 5.4,
                  "gelu_roof_ratio": 9.0}
     assert _pm_gelu_bound(far_below).endswith("predicts nothing for this run")
+    # attention-kernels: a CPU run states no graph speed-up; a sweep's exponent decides its words
+    assert _ak_graph({"on_gpu": False, "graph_speedup": float("nan")}).startswith("this run had no")
+    assert _ak_graph({"on_gpu": True, "graph_speedup": 1.05}).startswith("the replay and eager")
+    assert _ak_growth("e")({"e": 1.6}) != "grew about as the square of the sequence length"
+    assert _ak_flash({"backends_ran": "MATH", "flash_speedup": float("nan")}).startswith("could not")
 
 
 def test_every_verdict_a_page_glues_is_checked():
