@@ -531,6 +531,9 @@ CLAIMS += [
                 "more than with the default setting"), False),
 ]
 
+FACTS += [(_AK, "h100_bf16_tflops", lambda v: 989.5),  # the H100 SXM datasheet, dense bf16
+          (_AK, "h100_gflop_in_5us", lambda v: 989.5e12 * 5e-6 / 1e9)]
+
 # Verdicts glued under names made in a loop, which the source scan below cannot read.
 LOOPED = set()
 
