@@ -62,6 +62,18 @@ def test_the_score_matrix_is_counted_and_dominates_the_naive_peak(page):
     assert number(values, "naive_over_sdpa") > 10
 
 
+def test_training_keeps_one_score_matrix_or_one_row_each(page):
+    _, text, values = page
+    assert "saved for the backward pass" in text
+    assert number(values, "naive_saved_over_scores") == pytest.approx(1)  # the probabilities
+    if values["on_gpu"] != "True":  # the CPU flash kernel: the output row and its logsumexp
+        assert number(values, "row_output_bytes") == 4 * number(values, "head_dim")
+        assert number(values, "row_extra_bytes") == pytest.approx(4)
+    assert number(values, "sdpa_saved_row_bytes") == pytest.approx(
+        number(values, "row_output_bytes") + number(values, "row_extra_bytes"))
+    assert number(values, "saved_ratio") > 10
+
+
 def test_memory_grows_as_the_page_says(page):
     _, text, values = page
     assert number(values, "naive_exponent") > 1.75  # the square, with a small linear part
