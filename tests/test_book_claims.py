@@ -571,6 +571,64 @@ FACTS += [(_MODEL, "act_layer_gb", lambda v: _SBH * 114 / 1e9),
           (_MODEL, "states_tb", lambda v: 175e9 * 16 / 1e12),
           (_MODEL, "zero3_64_gb", lambda v: 175e9 * 16 / 64 / 1e9),
           (_MODEL, "bubble_4_8", lambda v: 100 * 3 / 11)]
+_AK = "chapters/attention-kernels"
+
+
+def _ak_growth(name):
+    """attention-kernels: a fitted log-log exponent of peak memory against sequence length."""
+    def rule(v):
+        e = v[name]
+        if e >= 1.75:
+            return "grew about as the square of the sequence length"
+        if e > 1.25:
+            return "grew faster than linearly but slower than the square"
+        return "grew no faster than about linearly"
+    return rule
+
+
+def _ak_flash(v):
+    """attention-kernels: the flash backend against the math backend, fastest runs, 10% rule."""
+    if not {"FLASH_ATTENTION", "MATH"} <= set(v["backends_ran"].split(" and ")):
+        return "could not be compared, because one of the two did not run here"
+    return _mp_time("flash_speedup", "faster than the math backend", "slower than the math backend",
+                    "about as fast as the math backend, within 10%")(v)
+
+
+def _ak_graph(v):
+    """attention-kernels: CUDA graph replay against eager launches (GPU only), 10% rule."""
+    s = v["graph_speedup"]
+    if not v["on_gpu"]:
+        return "this run had no GPU, so it recorded and replayed no graph"
+    if s >= 1.10:
+        return f"the replay was {s:.2f} times as fast as eager launches"
+    if s <= 1 / 1.10:
+        return f"the replay was slower than eager launches, {s:.2f} times their speed"
+    return "the replay and eager launches took about the same time, within 10%"
+
+
+CLAIMS += [
+    *[(_AK, f"{key}_growth_verdict", _ak_growth(f"{key}_exponent"), False)
+      for key in ("naive", "sdpa", "blockwise")],
+    (_AK, "flash_verdict", _ak_flash, False),
+    (_AK, "flat_verdict",
+     lambda v: ("within 50% of each other, so a fixed cost per operation, not the arithmetic, "
+                "set the time" if v["small_ratio"] < 1.5 else
+                "more than 50% apart, so the arithmetic already showed at these sizes"), False),
+    (_AK, "graph_verdict", _ak_graph, False),
+    (_AK, "recompile_verdict",
+     lambda v: ("fewer than the changes of input, so at least one new input was served by a "
+                "graph compiled before it" if v["recompiles_default"] < v["input_changes"]
+                else "one for every new input"), False),
+    (_AK, "dynamic_verdict",
+     lambda v: ("fewer than with the default setting"
+                if v["recompiles_dynamic"] < v["recompiles_default"] else
+                "as many as with the default setting"
+                if v["recompiles_dynamic"] == v["recompiles_default"] else
+                "more than with the default setting"), False),
+]
+
+FACTS += [(_AK, "h100_bf16_tflops", lambda v: 989.5),  # the H100 SXM datasheet, dense bf16
+          (_AK, "h100_gflop_in_5us", lambda v: 989.5e12 * 5e-6 / 1e9)]
 
 # Verdicts glued under names made in a loop, which the source scan below cannot read.
 LOOPED = set()
@@ -646,6 +704,11 @@ def test_the_rules_catch_a_verdict_that_disagrees():
     assert _um_expandable({"on_gpu": True, "default_ratio": 1.4, "expandable_ratio": 1.1}) == (
         "so expandable segments reserved less")
     assert _um_overflow({"e4m3_of_500": float("nan"), "e4m3_max": 448.0}).startswith("NaN")
+    # attention-kernels: a CPU run states no graph speed-up; a sweep's exponent decides its words
+    assert _ak_graph({"on_gpu": False, "graph_speedup": float("nan")}).startswith("this run had no")
+    assert _ak_graph({"on_gpu": True, "graph_speedup": 1.05}).startswith("the replay and eager")
+    assert _ak_growth("e")({"e": 1.6}) != "grew about as the square of the sequence length"
+    assert _ak_flash({"backends_ran": "MATH", "flash_speedup": float("nan")}).startswith("could not")
 
 
 def test_every_verdict_a_page_glues_is_checked():
