@@ -31,6 +31,11 @@ HUB_ENVIRONMENT = ("JUPYTERHUB_API_TOKEN", "JUPYTERHUB_API_URL", "JUPYTERHUB_CLI
                    "JUPYTERHUB_SERVICE_PREFIX", "JUPYTERHUB_SERVICE_URL")
 
 
+class Refused(Exception):
+    """Someone the sign-in knows who may not use the service: say why (HTTP 403), rather
+    than send them to sign in again."""
+
+
 class SignIn(Protocol):
     """How the service learns who is asking (``handler`` is a Tornado RequestHandler)."""
 
@@ -38,7 +43,8 @@ class SignIn(Protocol):
     how_to_sign_in: str  # said to a request that is not signed in
 
     async def person(self, handler) -> Optional[Person]:
-        """The person signed in on this request, or None."""
+        """The person signed in on this request, or None; :class:`Refused` for someone known
+        who may not use the service."""
 
     async def sign_in(self, handler) -> Optional[Person]:
         """Handle ``GET /signin``: sign the browser in and return who, or None if refused."""
@@ -163,13 +169,17 @@ class HubSignIn:
             self.prefix.rstrip("/").rsplit("/", 1)[-1]
 
     def of(self, model: Optional[dict]) -> Optional[Person]:
-        """The person a hub user model (``GET /hub/api/user``) is: None for a service or a name
-        that cannot be a student id (it names the learner's folders and gradebook rows)."""
-        if not model or model.get("kind", "user") != "user":
+        """The person a hub user model (``GET /hub/api/user``) is: a learner, or an instructor
+        if in the group; None for no one. :class:`Refused` for a hub service's token, and for
+        a hub name that cannot be a student id (it names the learner's folders)."""
+        if not model:
             return None
+        if model.get("kind", "user") != "user":
+            raise Refused(f"a token of the hub service {model.get('name')!r} is not a learner's")
         name = model.get("name", "")
         if not PERSON_ID.match(name):
-            return None
+            raise Refused(f"your hub name {name!r} cannot be a student id here (letters, digits, "
+                          "_ . -, at most 64, a letter or digit first): ask your instructor")
         return Person(name, INSTRUCTOR if self.group in model.get("groups", ()) else LEARNER)
 
     async def person(self, handler) -> Optional[Person]:
@@ -180,7 +190,8 @@ class HubSignIn:
         try:  # the scopes the hub gives a token for this service (access:services!service=)
             model = handler.check_hub_user(model)
         except UserNotAllowed:
-            return None
+            raise Refused(f"this hub token may not use the service: it needs the scope "
+                          f"access:services!service={self.service_name}") from None
         handler.current_user = model  # for the library's own later look-ups
         return self.of(model)
 

@@ -17,7 +17,7 @@ from typing import List, Optional
 import tornado.web
 
 from .options import SERVICE_LONG_POLL, SERVICE_REFRESH
-from .service_auth import bearer
+from .service_auth import Refused, bearer
 from .service_db import DONE, GRADING, QUEUED, when
 
 STYLE = ("body{font-family:system-ui,sans-serif;max-width:70rem;margin:1rem auto;padding:0 1rem}"
@@ -62,7 +62,11 @@ class Base(tornado.web.RequestHandler):
         return self.service.signin.prefix + path
 
     async def prepare(self) -> None:
-        self.person = await self.service.signin.person(self)
+        try:
+            self.person = await self.service.signin.person(self)
+        except Refused as why:
+            self.person = None
+            return self.refuse(403, str(why))
         if self.person is None:
             self.not_signed_in()
         elif self.instructors_only and not self.person.instructor:
@@ -112,7 +116,11 @@ class Base(tornado.web.RequestHandler):
 
 class SignIn(Base):
     async def prepare(self) -> None:  # the one route that signs in rather than asks
-        self.person = await self.service.signin.sign_in(self)
+        try:
+            self.person = await self.service.signin.sign_in(self)
+        except Refused as why:
+            self.person = None
+            return self.refuse(403, str(why))
         if self.person is None:
             if self.service.signin.login_url(self) is not None:
                 return self.not_signed_in()

@@ -33,6 +33,7 @@ import pytest
 
 from autograder.service_config import (ConfigError, INSTRUCTOR, LEARNER, Person,
                                        ServiceConfig, read_hub)
+from autograder.service_auth import Refused
 from autograder.submit import multipart
 from tests.autograder_fixtures.submissions import COURSE, answered, write
 from tests.test_autograder_service import OFF_BY_ONE, ROOT, roster_course, with_rules
@@ -61,11 +62,14 @@ def test_hub_users_are_learners_and_the_group_instructors():
         Person("alan", INSTRUCTOR)
     assert signin.of({**user, "groups": ["formgrade-course1010"]}).role == LEARNER
     assert signin.of({**user, "admin": True}).role == LEARNER  # admin: not an instructor
-    # a service's token is no one; a hub name that cannot name a folder is refused
-    assert signin.of({"kind": "service", "name": "cull-idle", "groups": []}) is None
-    for name in ("../ada", "ada@example.org/x", "", ".hidden"):
-        assert signin.of({**user, "name": name}) is None, name
     assert signin.of(None) is None
+    # a service's token is no one's; a hub name that cannot name a folder is refused, saying
+    # so (not sent back to the hub's login, which would send it here again)
+    with pytest.raises(Refused, match="hub service 'cull-idle'"):
+        signin.of({"kind": "service", "name": "cull-idle", "groups": []})
+    for name in ("../ada", "ada@example.org/x", "", ".hidden"):
+        with pytest.raises(Refused, match="cannot be a student id"):
+            signin.of({**user, "name": name})
 
 
 def test_the_instructors_group_defaults_to_nbgraders_and_is_checked(tmp_path):
@@ -292,6 +296,10 @@ def hub_token(session: Session, user: str, scopes=None) -> str:
 
 @pytest.mark.integration
 def test_submit_hands_in_with_the_learners_hub_token(hub, tmp_path):
+    def attempts() -> int:
+        folder = hub.course / "service-files" / "uploads" / "grace" / "demo"
+        return len(list(folder.iterdir())) if folder.is_dir() else 0
+    before = attempts()
     grace = Session(hub)
     grace.log_in("grace")
     token = hub_token(grace, "grace")
@@ -303,13 +311,15 @@ def test_submit_hands_in_with_the_learners_hub_token(hub, tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     assert "8 of 8 points." in done.stdout and "PASS" in done.stdout
     assert f"{hub.url}{PREFIX}submissions/" in done.stdout
-    # a token without access to the service, and no token at all, are refused
+    # a token without access to the service (403), and one the hub does not know (401),
+    # are refused, saying which scope a token needs
     narrow = hub_token(grace, "grace", scopes=["read:users:name!user"])
-    for bad in (narrow, "not-a-token"):
+    for bad, code in ((narrow, "403"), ("not-a-token", "401")):
         refused = subprocess.run(
             [sys.executable, "-m", "autograder", "submit", str(path), "--to",
              hub.url + PREFIX, "--token", bad], cwd=ROOT, env=env, capture_output=True,
             text=True, timeout=120)
         assert refused.returncode == 2, refused.stdout + refused.stderr
-        assert "401" in refused.stderr and "access:services!service=autograder" in \
-            refused.stderr, refused.stderr
+        assert f"error: {code}:" in refused.stderr and \
+            "access:services!service=autograder" in refused.stderr, refused.stderr
+    assert attempts() == before + 1  # submit's: nothing of the refused ones
