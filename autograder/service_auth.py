@@ -149,7 +149,7 @@ class HubSignIn:
 
     ``auth`` is a ``jupyterhub.services.auth.HubOAuth`` (by default the one the service's
     ``JUPYTERHUB_*`` environment configures). The pages are served under the service's
-    prefix; in :meth:`pages` each is given JupyterHub's ``HubOAuthenticated`` mixin, which
+    prefix; in :meth:`page` each is given JupyterHub's ``HubOAuthenticated`` mixin, which
     brings the hub's login redirect (with its OAuth state) and its XSRF tokens, bound to
     the hub session (Tornado's plain ones could be planted by any page of the same hub).
     """

@@ -170,7 +170,8 @@ class Home(Base):
                          "attempt that counts"], rules)
                 + "<h2>Your attempts</h2>"
                 + table(["#", "assignment", "attempt", "uploaded", "state", "score"],
-                        [[f'<a href="{self.url("submissions/" + r.key)}">{n}</a>', escape(r.assignment),
+                        [[f'<a href="{self.url("submissions/" + r.key)}">{n}</a>',
+                          escape(r.assignment),
                           str(r.attempt), when(r.created), r.state,
                           f"{points(r.counted_score)}/{points(r.max_score)}"
                           if r.state == DONE else ""] for n, r in zip(range(len(rows), 0, -1), rows)]))
@@ -192,7 +193,8 @@ class Submit(Base):
         if self.wants_json():
             self.set_status(201)
             return self.finish({"id": row.key, "attempt": row.attempt,
-                                "assignment": row.assignment, "url": self.url(f"submissions/{row.key}")})
+                                "assignment": row.assignment,
+                                "url": self.url(f"submissions/{row.key}")})
         self.redirect(self.url(f"submissions/{row.key}"), status=303)
 
 
@@ -217,8 +219,8 @@ def feedback_html(data: dict, prefix: str = "/") -> str:
                      f"<pre>{escape(test['output'] or '')}</pre>"])
     parts.append(table(["result", "test", "points", "message"], rows))
     if data.get("has_notebook"):
-        parts.append(f'<p><a href="{prefix}submissions/{data["id"]}/notebook">Download the executed '
-                     "notebook</a></p>")
+        parts.append(f'<p><a href="{prefix}submissions/{data["id"]}/notebook">Download the '
+                     "executed notebook</a></p>")
     return "".join(parts)
 
 
@@ -280,7 +282,8 @@ class Instructor(Base):
                     line.append("")
                     continue
                 pending = sum(r.state != DONE for r in mine)
-                cell = (f'<a href="{self.url("submissions/" + row.key)}">{points(row.counted_score)}/'
+                cell = (f'<a href="{self.url("submissions/" + row.key)}">'
+                        f'{points(row.counted_score)}/'
                         f'{points(row.max_score)}</a> {escape(row.status or "")}<br>'
                         f'{when(row.finished)}<br>' if row else "")
                 line.append(cell + f"{len(mine)} attempt(s)"
@@ -291,7 +294,8 @@ class Instructor(Base):
         queue = [[str(i + 1), f'<a href="{self.url("submissions/" + by_id[n].key)}">{n}</a>',
                   escape(by_id[n].student), escape(by_id[n].assignment),
                   when(by_id[n].created)] for i, n in enumerate(order)]
-        queue += [["grading", f'<a href="{self.url("submissions/" + r.key)}">{r.id}</a>', escape(r.student),
+        queue += [["grading", f'<a href="{self.url("submissions/" + r.key)}">{r.id}</a>',
+                   escape(r.student),
                    escape(r.assignment), when(r.created)] for r in rows if r.state == GRADING]
         every = []
         for r in reversed(rows):
@@ -305,7 +309,8 @@ class Instructor(Base):
                           if r.state == DONE else "", points(r.penalty) if r.penalty else "",
                           when(r.created), waited, points(r.seconds), str(r.gradings), links])
         body = (signed_in_as(self)
-                + f'<p><a href="{self.url("instructor/grades.csv")}">grades.csv</a> (the attempts that '
+                + f'<p><a href="{self.url("instructor/grades.csv")}">grades.csv</a> (the '
+                'attempts that '
                 'count; the columns of <code>python -m autograder grade</code>)</p>'
                 + f'<form method=post action="{self.url("instructor/regrade")}">'
                 f'{self.xsrf_form_html()}'

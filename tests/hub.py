@@ -54,7 +54,8 @@ def find_proxy(install: bool = True, echo: Callable[[str], None] = print
                             capture_output=True, text=True, timeout=600)
     if PROXY.is_file():
         return str(PROXY), ""
-    return None, f"npm install configurable-http-proxy failed: {(result.stderr or result.stdout)[-500:]}"
+    said = (result.stderr or result.stdout)[-500:]
+    return None, f"npm install configurable-http-proxy failed: {said}"
 
 
 def free_port() -> int:
