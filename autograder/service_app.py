@@ -35,7 +35,7 @@ import tornado.web
 
 from .layout import MAX_NOTEBOOK_BYTES, Course, mebibytes, notebook_from_bytes, plural
 from .options import SERVICE_BODY_CEILING, SERVICE_DB
-from .service_auth import HubSignIn, TokenSignIn, hub_address, hub_environment
+from .service_auth import HubSignIn, TokenSignIn, hub_address
 from .service_config import ConfigError, Person, ServiceConfig  # noqa: F401 (ConfigError: cli)
 from .service_db import DONE, QUEUED, Row, Store, when
 
@@ -74,8 +74,8 @@ class Service:
         """``hub``: run as a JupyterHub service (its users, its OAuth; no roster)."""
         self.course = Course.discover(course)
         self.assignments = course_assignments(self.course)
-        if hub:
-            hub_environment()  # a clear error, before anything else, off a hub
+        if hub:  # a clear error, before anything else, off a hub or without a service url
+            hub_address()
         self.config = ServiceConfig.read(self.course.root, self.assignments, hub=hub,
                                          course_id=self.course.course_id)
         self.db = Path(db).resolve() if db else self.course.root / SERVICE_DB

@@ -1,17 +1,20 @@
 """The submission service on a real JupyterHub (issue 28): ``serve --jupyterhub``.
 
-The unit tests map hub user models to learners and instructors and read the
-``[jupyterhub]`` table of service.toml. The integration tests start ``python -m
-jupyterhub`` (pip's JupyterHub, npm's configurable-http-proxy: :mod:`tests.hub`) on
-loopback ports with the README's example config (``autograder/jupyterhub_config.example.py``),
-which runs the service as a managed hub service over a copy of the fixture course, with
-no roster. Then its users drive it: a learner signs in at the hub's login page in
-Chromium, goes through the hub's OAuth to the service, hands in a notebook through the
-page's file input and reads the feedback; another learner (an HTTP session that follows
-the same redirects with cookies) cannot open it nor the instructor's page, and a form
-without the hub's XSRF token is refused; a member of the instructors' group opens the
-instructor page and grades.csv; ``python -m autograder submit`` hands in with a token the
-learner made at the hub, found in ``$JUPYTERHUB_API_TOKEN`` as in the learner's server.
+The unit tests map hub user models to learners and instructors, read the ``[jupyterhub]``
+table of service.toml and check that the README shows the example config as it is. The
+integration tests start ``python -m jupyterhub`` (pip's JupyterHub, npm's
+configurable-http-proxy: :mod:`tests.hub`) on loopback ports with that example config
+(``autograder/jupyterhub_config.example.py``), which runs the service as a managed hub
+service over a copy of the fixture course, with no roster. Then its users drive it: a
+learner signs in at the hub's login page in Chromium, goes through the hub's OAuth to the
+service, hands in through the page's file input and reads the feedback. With HTTP
+sessions that follow the same redirects with cookies (no Chromium needed): a learner's form
+without the hub's XSRF token is refused and with it taken; another learner cannot open
+that upload nor the instructor's page; a member of the instructors' group opens the
+instructor page and grades.csv, and signs out of the service and the hub. ``python -m
+autograder submit`` hands in with a token the learner made at the hub, found in
+``$JUPYTERHUB_API_TOKEN`` as in the learner's own server; tokens without the scope are
+refused.
 """
 from __future__ import annotations
 
@@ -36,7 +39,8 @@ from autograder.service_config import (ConfigError, INSTRUCTOR, LEARNER, Person,
 from autograder.service_auth import Refused
 from autograder.submit import multipart
 from tests.autograder_fixtures.submissions import COURSE, answered, write
-from tests.test_autograder_service import OFF_BY_ONE, ROOT, roster_course, with_rules
+from tests.test_autograder_service import (OFF_BY_ONE, ROOT, roster_course, until,
+                                           with_rules)
 
 GROUP = "formgrade-course101"  # the example's group
 PREFIX = "/services/autograder/"
@@ -109,13 +113,30 @@ def test_serve_jupyterhub_off_a_hub_says_what_is_missing(tmp_path, capsys, monke
     assert "JUPYTERHUB_API_TOKEN" in err and "c.JupyterHub.services" in err
     assert main(["serve", "--jupyterhub", "--issue-tokens", "--course", str(course)]) == 2
     assert "on a JupyterHub the hub signs people in" in capsys.readouterr().err
-    (course / "service.toml").write_text('[jupyterhub]\ninstructors_group = "a b"\n')
     monkeypatch.setenv("JUPYTERHUB_API_TOKEN", "t")
     for name in ("API_URL", "CLIENT_ID", "SERVICE_PREFIX", "SERVICE_URL"):
-        monkeypatch.setenv(f"JUPYTERHUB_{name}", "http://127.0.0.1:1/x/")
+        monkeypatch.setenv(f"JUPYTERHUB_{name}", "http://127.0.0.1/x/")
+    assert main(["serve", "--jupyterhub", "--course", str(course)]) == 2
+    assert "has no host and port: give the service a \"url\"" in capsys.readouterr().err
+    monkeypatch.setenv("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:1/")
+    (course / "service.toml").write_text('[jupyterhub]\ninstructors_group = "a b"\n')
     assert main(["serve", "--jupyterhub", "--course", str(course)]) == 2
     assert "instructors_group must be the name of a JupyterHub group" in \
         capsys.readouterr().err
+
+
+def test_submit_takes_the_hub_servers_token_or_says_it_has_none(tmp_path, capsys,
+                                                               monkeypatch):
+    from autograder.cli import main, parser
+    monkeypatch.setenv("JUPYTERHUB_API_TOKEN", "from-the-server")
+    assert parser().parse_args(["submit", "nb.ipynb", "--to", "http://h/"]).token == \
+        "from-the-server"
+    assert parser().parse_args(["submit", "nb.ipynb", "--to", "http://h/", "--token",
+                                "mine"]).token == "mine"
+    monkeypatch.delenv("JUPYTERHUB_API_TOKEN")
+    path = write(tmp_path, "alan", answered())
+    assert main(["submit", str(path), "--to", "http://127.0.0.1:9/"]) == 2
+    assert "error: no token: give --token" in capsys.readouterr().err
 
 
 def test_the_example_config_is_what_the_readme_shows():
@@ -232,44 +253,51 @@ def test_a_learner_signs_in_at_the_hub_and_hands_in_in_the_browser(hub, alan):
 
 
 @pytest.mark.integration
-def test_other_learners_and_instructors_through_the_hub(hub, alan):
-    feedback = alan["url"].removeprefix(hub.url)
-    anonymous = Session(hub)
-    status, url, _ = anonymous.open(feedback)  # not signed in: to the hub's login
-    assert "/hub/login" in url, (status, url)
-
+def test_other_learners_and_instructors_through_the_hub(hub):
     grace = Session(hub)
     grace.log_in("grace")
     status, url, home = grace.service()  # the OAuth redirects, followed
     assert status == 200 and url == hub.url + PREFIX, (status, url)
     assert "Signed in as <b>grace</b> (learner)" in home
-    assert grace.open(feedback)[0] == 404 and grace.open(feedback + ".json")[0] == 404
-    assert grace.open(feedback + "/notebook")[0] == 404
-    for page in ("instructor", "instructor/grades.csv"):
-        status, _, body = grace.service(page)
-        assert status == 403 and "for instructors" in body
-    # grace's form, with the hub's XSRF token: taken; without it: refused, nothing queued
+    # grace's form without the hub's XSRF token: refused, nothing stored; with it: taken
     nb = nbformat.writes(answered(squares=OFF_BY_ONE)).encode()
     body, kind = multipart({"assignment": "demo"}, "notebook", "demo.ipynb", nb)
     status, _, refused = grace.open(PREFIX + "submit", body, {"Content-Type": kind})
     assert status in (401, 403), (status, refused)
-    assert not (hub.course / "service-files" / "uploads" / "grace").exists()
+    uploads = hub.course / "service-files" / "uploads" / "grace" / "demo"
+    before = len(list(uploads.iterdir())) if uploads.is_dir() else 0
     body, kind = multipart({"_xsrf": grace.xsrf(home), "assignment": "demo"}, "notebook",
                            "demo.ipynb", nb)
     status, url, page = grace.open(PREFIX + "submit", body, {"Content-Type": kind})
-    assert status == 200 and "/submissions/" in url, (status, page[-1500:])
-    assert (hub.course / "service-files" / "uploads" / "grace" / "demo" / "1").is_dir()
+    assert status == 200 and re.fullmatch(rf"{hub.url}{PREFIX}submissions/[\w-]{{22}}", url), \
+        (status, url, page[-1500:])
+    assert len(list(uploads.iterdir())) == before + 1
+    feedback = url.removeprefix(hub.url)
+    until(lambda: json.loads(grace.open(feedback + ".json?wait=10")[2])["state"] == "done",
+          what="grace's grade")
 
-    ada = Session(hub)
+    anonymous = Session(hub)
+    status, url, _ = anonymous.open(feedback)  # not signed in: to the hub's login
+    assert "/hub/login" in url, (status, url)
+    alan = Session(hub)  # another learner: neither grace's upload nor the instructor's page
+    alan.log_in("alan")
+    assert alan.service()[0] == 200
+    for path in (feedback, feedback + ".json", feedback + "/notebook"):
+        status, _, body = alan.open(path)
+        assert status == 404 and "5/8" not in body, (path, status)
+    for page in ("instructor", "instructor/grades.csv"):
+        status, _, body = alan.service(page)
+        assert status == 403 and "for instructors" in body
+
+    ada = Session(hub)  # a member of the group
     ada.log_in("ada")
     status, _, page = ada.service("instructor")
     assert status == 200 and "Signed in as <b>ada</b> (instructor)" in page, page[-1500:]
-    assert ">alan<" in page and ">grace<" in page
-    assert f'href="{PREFIX}instructor/grades.csv"' in page
+    assert ">grace<" in page and f'href="{PREFIX}instructor/grades.csv"' in page
     status, _, text = ada.service("instructor/grades.csv")
     assert status == 200
     rows = {(r["student_id"], r["assignment"]): r for r in csv.DictReader(io.StringIO(text))}
-    assert float(rows["alan", "demo"]["score"]) == 8.0
+    assert float(rows["grace", "demo"]["score"]) == 5.0, text
     assert ada.open(feedback + ".json")[0] == 200  # an instructor sees every upload
     # signing out leaves the service and the hub: the next visit asks for the hub login
     status, url, _ = ada.open(PREFIX + "signout",
