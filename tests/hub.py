@@ -8,7 +8,8 @@ needs itself and skips, saying why, only where npm is missing or fails.
 
 :class:`Hub` starts ``python -m jupyterhub`` on free loopback ports with a config that
 loads the README's example (``autograder/jupyterhub_config.example.py``) and then sets
-only what a test machine needs: where the course is, the ports, and a dummy password.
+only what a test machine needs: where the course is, the ports, a dummy password, and a
+stand-in for a learner's Jupyter server (:mod:`tests.hub_server`).
 """
 from __future__ import annotations
 
@@ -84,6 +85,13 @@ c.JupyterHub.load_groups = {{{group!r}: {{"users": {instructors!r}}}}}
 c.JupyterHub.db_url = "sqlite:///{folder}/jupyterhub.sqlite"
 c.JupyterHub.cookie_secret_file = "{folder}/jupyterhub_cookie_secret"
 c.JupyterHub.pid_file = "{folder}/jupyterhub.pid"
+# A learner's server is tests/hub_server.py (no Jupyter server is needed): it hands in
+# $SUBMIT_NOTEBOOK with `submit` and the server's own $JUPYTERHUB_API_TOKEN
+c.JupyterHub.spawner_class = "simple"
+c.SimpleLocalProcessSpawner.home_dir_template = "{folder}/home/{{username}}"
+c.Spawner.cmd = [{python!r}, "-m", "tests.hub_server"]
+c.Spawner.environment = {{"SUBMIT_NOTEBOOK": {notebook!r}, "SUBMIT_OUT": {out!r},
+                          "SUBMIT_TO": "http://127.0.0.1:{port}/services/autograder/"}}
 """
 
 
@@ -99,12 +107,17 @@ class Hub:
         self.folder = folder
         folder.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
+        # what a learner's server hands in, and where it writes what `submit` printed
+        self.server_notebook = folder / "server" / "demo.ipynb"
+        self.server_out = folder / "server" / "submit.json"
+        self.server_notebook.parent.mkdir()
         config = folder / "jupyterhub_config.py"
         config.write_text(TEST_CONFIG.format(
             example=str(EXAMPLE), course=str(course), service_port=free_port(),
             extra=list(extra), port=self.port, hub_port=free_port(), api_port=free_port(),
             proxy=proxy, password=PASSWORD, group=group, instructors=list(instructors),
-            folder=folder))
+            folder=folder, python=sys.executable, notebook=str(self.server_notebook),
+            out=str(self.server_out)))
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = open(folder / "jupyterhub.log", "w")
         env = dict(os.environ, PYTHONPATH=str(ROOT))

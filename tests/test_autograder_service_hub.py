@@ -13,8 +13,9 @@ without the hub's XSRF token is refused and with it taken; another learner canno
 that upload nor the instructor's page; a member of the instructors' group opens the
 instructor page and grades.csv, and signs out of the service and the hub. ``python -m
 autograder submit`` hands in with a token the learner made at the hub, found in
-``$JUPYTERHUB_API_TOKEN`` as in the learner's own server; tokens without the scope are
-refused.
+``$JUPYTERHUB_API_TOKEN``; tokens without the scope are refused. And a learner's server,
+started by the hub at sign-in (:mod:`tests.hub_server`, a stand-in for Jupyter's), runs
+``submit`` with no token: the example's ``server_token_scopes`` let the server's own token in.
 """
 from __future__ import annotations
 
@@ -188,15 +189,17 @@ class Session:
         except urllib.error.HTTPError as error:
             return error.code, error.url, error.read().decode()
 
-    def log_in(self, name: str) -> None:
+    def log_in(self, name: str, then: str = "/hub/home") -> None:
+        """Sign in at the hub's login page, then go to ``then``: the hub's home page (with
+        ``then=""``, the hub's default: it starts the learner's server)."""
         from tests.hub import PASSWORD
         status, _, page = self.open("/hub/login")
         assert status == 200, page
         xsrf = re.search(r'name="_xsrf" value="([^"]+)"', page).group(1)
         form = urllib.parse.urlencode({"username": name, "password": PASSWORD,
                                        "_xsrf": xsrf}).encode()
-        # to the hub's home page: the hub would otherwise start a server, which no test needs
-        status, url, page = self.open("/hub/login?next=%2Fhub%2Fhome", form)
+        query = "?" + urllib.parse.urlencode({"next": then}) if then else ""
+        status, url, page = self.open("/hub/login" + query, form)
         assert status == 200 and "/hub/login" not in url, (status, url, page[-2000:])
 
     def service(self, path: str = ""):
@@ -351,3 +354,16 @@ def test_submit_hands_in_with_the_learners_hub_token(hub, tmp_path):
         assert f"error: {code}:" in refused.stderr and \
             "access:services!service=autograder" in refused.stderr, refused.stderr
     assert attempts() == before + 1  # submit's: nothing of the refused ones
+
+
+@pytest.mark.integration
+def test_submit_in_the_learners_server_uses_the_servers_own_token(hub):
+    """The example's server_token_scopes: `submit` in alan's server needs no token."""
+    nbformat.write(answered(squares=OFF_BY_ONE), str(hub.server_notebook))
+    alan = Session(hub)
+    alan.log_in("alan", then="")  # the hub starts alan's server, which hands in
+    done = json.loads(until(lambda: hub.server_out.is_file() and hub.server_out.read_text(),
+                            timeout=300, what="submit in alan's server"))
+    assert done["returncode"] == 1, done  # handed in and graded: not every test passed
+    assert "5 of 8 points." in done["stdout"], done
+    assert "FAIL" in done["stdout"] and "test_squares" in done["stdout"]
