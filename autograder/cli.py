@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -85,7 +86,8 @@ def parser() -> argparse.ArgumentParser:
         "serve", help="a web service where learners hand in notebooks and get feedback",
         description="Serve the course in COURSE (default: here): learners sign in, upload a "
                     "notebook and get its feedback; instructors see every grade. People come "
-                    "from COURSE/roster.toml, rules from COURSE/service.toml (see README).")
+                    "from COURSE/roster.toml, rules from COURSE/service.toml (see README); with "
+                    "--jupyterhub, from the JupyterHub that runs it as one of its services.")
     serve.add_argument("--course", type=Path, default=Path("."), metavar="DIR",
                        help="the nbgrader course directory (default: the current directory)")
     serve.add_argument("--host", default=SERVICE_HOST,
@@ -100,6 +102,10 @@ def parser() -> argparse.ArgumentParser:
                             "COURSE/gradebook.db, where nbgrader export reads)")
     serve.add_argument("--no-gradebook", dest="gradebook", action="store_const", const=None,
                        help="do not write scores to nbgrader's gradebook")
+    serve.add_argument("--jupyterhub", action="store_true",
+                       help="run as a service of the JupyterHub that started it: hub users are "
+                            "learners, members of a hub group instructors, no roster; listens "
+                            "on the service's url (README: Running the submission service)")
     serve.add_argument("--issue-tokens", nargs="*", default=None, metavar="ID",
                        help="print a new secret sign-in link for each person of the roster "
                             "(or the IDs given), replacing their old ones, and exit")
@@ -123,8 +129,11 @@ def parser() -> argparse.ArgumentParser:
     submit.add_argument("notebook", type=Path, metavar="NOTEBOOK", help="your notebook")
     submit.add_argument("--to", required=True, metavar="URL",
                         help="the service's address, e.g. http://127.0.0.1:8765")
-    submit.add_argument("--token", required=True, metavar="TOKEN",
-                        help="your secret sign-in token (the token=... of your link)")
+    submit.add_argument("--token", default=os.environ.get("JUPYTERHUB_API_TOKEN") or None,
+                        metavar="TOKEN",
+                        help="your secret sign-in token (the token=... of your link), or a "
+                             "JupyterHub API token (default: $JUPYTERHUB_API_TOKEN, set in "
+                             "your server on a hub)")
     submit.add_argument("--assignment", default="", metavar="NAME",
                         help="the assignment (default: the one with a notebook of that name)")
     submit.add_argument("--wait", type=_positive(float), default=SERVICE_SUBMIT_WAIT,
@@ -302,8 +311,13 @@ def run_serve(args: argparse.Namespace) -> int:
     """Read the course's roster and rules (a clear error if they are wrong), then issue
     tokens or serve, grading on a :class:`~autograder.grade.LocalRunner` as ``grade`` does."""
     from .service_app import ConfigError, Service
+    if args.jupyterhub and args.issue_tokens is not None:
+        print("error: --issue-tokens is for the standalone sign-in; on a JupyterHub the hub "
+              "signs people in", file=sys.stderr)
+        return 2
     try:
-        service = Service(args.course, db=args.db, gradebook=args.gradebook)
+        service = Service(args.course, db=args.db, gradebook=args.gradebook,
+                          hub=args.jupyterhub)
     except (ConfigError, FileNotFoundError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -328,6 +342,10 @@ def run_submit(args: argparse.Namespace) -> int:
     from .submit import SubmitError, all_passed, render, upload, wait
     if not args.notebook.is_file():
         print(f"error: {args.notebook} is not a file", file=sys.stderr)
+        return 2
+    if not args.token:
+        print("error: no token: give --token (the token=... of your sign-in link, or a "
+              "JupyterHub token), or run it in your JupyterHub server", file=sys.stderr)
         return 2
     try:
         queued = upload(args.notebook, args.to, args.token, args.assignment)

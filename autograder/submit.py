@@ -1,5 +1,10 @@
 """``python -m autograder submit NOTEBOOK --to URL --token T``: hand in from a terminal.
 
+``T`` is the learner's sign-in token, or on a JupyterHub a hub API token (by default the
+``$JUPYTERHUB_API_TOKEN`` of the learner's own server); either is sent as
+``Authorization: Bearer``, and ``URL`` is then the service's address on the hub
+(``https://HUB/services/autograder/``).
+
 Uploads the notebook to the submission service (``python -m autograder serve``), waits
 for its grade (a long poll of its feedback, with a deadline), and prints the feedback the web page
 shows: each test with PASS or FAIL, its points and message, then the score. Standard
