@@ -98,6 +98,32 @@ def test_fit_recovers_alpha_and_beta_from_exact_times():
     assert fitted_beta == pytest.approx(beta, rel=1e-6)
 
 
+def test_a_negative_alpha_is_clipped_and_beta_fitted_again():
+    import numpy as np
+
+    n, beta = 2, 2e9
+    sizes = np.array([1e5, 1e6, 1e7])
+    # times that a line through the origin misses by a negative intercept: the joint fit's
+    # alpha is below zero
+    times = np.array([utilization.ring_allreduce_seconds(n, m, 0.0, beta) for m in sizes]) - 2e-5
+    fitted_alpha, fitted_beta = utilization.fit_alpha_beta(n, sizes, times)
+    assert fitted_alpha == 0.0
+    column = (2 * (n - 1) / n * sizes) / times  # the bandwidth column, in relative errors
+
+    def relative_residual(b):
+        return float((((column / b) - 1) ** 2).sum())
+
+    # the refitted beta is the best one with alpha = 0: better than its neighbours and than the
+    # beta that went with the negative alpha of the joint fit
+    features = np.stack([np.full_like(sizes, 2 * (n - 1)), 2 * (n - 1) / n * sizes], axis=1)
+    (joint_alpha, joint_inverse_beta), *_ = np.linalg.lstsq(features / times[:, None],
+                                                            np.ones_like(times), rcond=None)
+    assert joint_alpha < 0
+    best = relative_residual(fitted_beta)
+    assert best < relative_residual(1 / joint_inverse_beta)
+    assert best <= min(relative_residual(fitted_beta * 1.001), relative_residual(fitted_beta / 1.001))
+
+
 def test_the_break_even_points_make_both_sides_equal():
     n, grad_bytes, alpha, beta = 8, 4e8, 5e-6, 5e10
     allreduce = utilization.ring_allreduce_seconds(n, grad_bytes, alpha, beta)
@@ -159,10 +185,21 @@ def test_probe_sizes_are_seeded_multiples_of_256():
     assert len(set(sizes)) > 1
 
 
+def test_probe_sizes_come_in_the_order_asked_for():
+    drawn = utilization.probe_sizes(20, seed=3)
+    assert utilization.probe_sizes(20, seed=3, order="growing") == sorted(drawn)
+    assert utilization.probe_sizes(20, seed=3, order="shrinking") == sorted(drawn, reverse=True)
+    with pytest.raises(ValueError):
+        utilization.probe_sizes(20, order="sideways")
+    with pytest.raises(ValueError):
+        utilization.allocator_probe(order="sideways")
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU answer")
 def test_the_allocator_probe_says_so_without_a_gpu():
     assert utilization.allocator_probe() == {"cuda": False}
     assert utilization.allocator_probe_in_subprocess("expandable_segments:True") == {"cuda": False}
+    assert utilization.allocator_probe_in_subprocess(None, steps=4, order="growing") == {"cuda": False}
 
 
 @pytest.mark.gpu
@@ -171,7 +208,9 @@ def test_the_allocator_probe_measures_both_settings_on_a_gpu():
     expandable = utilization.allocator_probe_in_subprocess("expandable_segments:True", steps=10)
     assert default["cuda"] and expandable["cuda"]
     assert default["setting"] == "" and expandable["setting"] == "expandable_segments:True"
-    for probe in (default, expandable):
+    growing = utilization.allocator_probe_in_subprocess(None, steps=10, order="growing")
+    assert growing["order"] == "growing" and default["order"] == "random"
+    for probe in (default, expandable, growing):
         assert probe["peak_reserved"] >= probe["peak_allocated"] > 0
 
 
