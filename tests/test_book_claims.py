@@ -497,7 +497,8 @@ def _um_reuse(v):
 
 def _um_ckpt_time(v):
     """utilization-memory: checkpointed over plain time (fastest runs), against a band of 10%
-    or the runs' own spread (median over fastest run, the larger of the two), if wider."""
+    or, if wider, the spread of the fastest runs (second fastest over fastest, the larger of
+    the two variants')."""
     band = max(0.10, v["ckpt_spread_pct"] / 100)
     assert v["ckpt_band_pct"] == pytest.approx(100 * band)
     r = v["ckpt_time_ratio"]
@@ -506,7 +507,7 @@ def _um_ckpt_time(v):
     if r <= 1 / (1 + band):
         return "faster than keeping the activations"
     return (f"about as fast as keeping the activations, within the {100 * band:.0f}% "
-            "by which the runs differ")
+            "by which the fastest runs differed")
 
 
 def _um_count_rule(v):

@@ -79,6 +79,20 @@ def test_attention_is_causal():
     assert not torch.allclose(attention(x)[0, 4:], attention(changed)[0, 4:])
 
 
+def test_interleaved_times_run_the_candidates_in_turn():
+    calls = []
+    times = utilization.interleaved_times({"a": lambda: calls.append("a"),
+                                           "b": lambda: calls.append("b")}, repeat=3, warmup=1)
+    assert calls == ["a", "b"] + ["a", "b"] * 3  # warm-ups, then three rounds
+    assert {name: len(runs) for name, runs in times.items()} == {"a": 3, "b": 3}
+    assert all(t >= 0 for runs in times.values() for t in runs)
+
+
+def test_fastest_spread_is_the_second_fastest_over_the_fastest():
+    assert utilization.fastest_spread([3.0, 1.0, 1.5, 2.0]) == pytest.approx(0.5)
+    assert utilization.fastest_spread([2.0]) == 0.0
+
+
 def test_mfu_is_model_flops_per_second_over_peak():
     assert utilization.mfu(1000.0, 6e9, 1.2e13) == pytest.approx(0.5)
 
