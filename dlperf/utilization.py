@@ -6,6 +6,8 @@ The page ``chapters/utilization-memory.md`` uses this module for:
   ``Linear`` layer or an explicit ``matmul`` (so that ``FlopCounterMode`` sees them all);
 * :func:`count_flops` and :func:`transformer_flops_per_token`, the counted FLOPs of a step
   and the rule they are checked against (6N plus PaLM's attention term);
+* :func:`interleaved_times` and :func:`fastest_spread`, timings of several variants run in
+  turn, and how well their fastest runs reproduce;
 * :func:`mfu`, :func:`ring_allreduce_seconds`, :func:`fit_alpha_beta`,
   :func:`min_tokens_to_hide` and :func:`bandwidth_to_hide`, the arithmetic of utilisation
   and of hiding a gradient allreduce behind the backward pass;
@@ -108,7 +110,9 @@ def matmul_parameters(model: nn.Module) -> int:
     """Parameters that take part in matrix products: the weights of the ``Linear`` layers.
 
     Embedding tables are looked up, not multiplied, and biases and norms are added or
-    scaled elementwise: none of them is counted (as Kaplan et al. leave out embeddings)."""
+    scaled elementwise: none of them is counted. The output head is counted: it is a
+    ``Linear`` layer of its own in :class:`TinyGPT`. Kaplan et al.'s N leaves out the
+    embeddings and, with them, a head that shares the token embedding's matrix."""
     return sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
 
 
@@ -141,6 +145,32 @@ def mfu(tokens_per_second: float, flops_per_token: float, peak_flops: float) -> 
     return tokens_per_second * flops_per_token / peak_flops
 
 
+# ---------------------------------------------------------------- timing side by side
+def interleaved_times(candidates: Dict[str, Callable[[], object]], repeat: int,
+                      device: Optional[torch.device] = None, warmup: int = 1) -> Dict[str, List[float]]:
+    """Seconds of each run of every candidate: ``warmup`` untimed calls of each, then ``repeat``
+    rounds in each of which every candidate runs once, in turn (as ``dlperf.compare`` does, so
+    that load from other programs hits all of them alike). The runs are returned raw, so that
+    their spread can be read as well as ``dlperf.timing_table(...)``'s medians and minima."""
+    from .timing import time_it
+
+    for fn in candidates.values():
+        for _ in range(warmup):
+            fn()
+    times: Dict[str, List[float]] = {name: [] for name in candidates}
+    for _ in range(repeat):
+        for name, fn in candidates.items():
+            times[name] += time_it(fn, repeat=1, warmup=0, device=device)
+    return times
+
+
+def fastest_spread(seconds: Sequence[float]) -> float:
+    """How far the second-fastest run lies above the fastest, as a fraction of the fastest: how
+    well a series reproduces its fastest run. 0 for fewer than two runs."""
+    ordered = sorted(seconds)
+    return ordered[1] / ordered[0] - 1 if len(ordered) >= 2 else 0.0
+
+
 # ---------------------------------------------------------------- allreduce and overlap
 def ring_allreduce_seconds(n: int, message_bytes: float, alpha: float, beta: float) -> float:
     """The alpha-beta model of a ring allreduce (chapters/parameter-server):
@@ -151,16 +181,24 @@ def ring_allreduce_seconds(n: int, message_bytes: float, alpha: float, beta: flo
 
 
 def fit_alpha_beta(n: int, sizes: Sequence[float], seconds: Sequence[float]):
-    """Least-squares alpha (s per step, at least 0) and beta (bytes/s) of the ring model
-    for ``n`` processes from measured (message bytes, seconds) pairs."""
+    """Least-squares alpha (s per ring step, at least 0) and beta (bytes/s) of the ring model
+    for ``n`` processes from measured (message bytes, seconds) pairs.
+
+    The fit minimises relative errors. When the joint fit gives a negative alpha, alpha is set
+    to 0 and beta is fitted again alone, so that it is the best beta for a model without
+    latency rather than the one that went with the negative alpha."""
     import numpy as np
 
     sizes, seconds = np.asarray(sizes, dtype=float), np.asarray(seconds, dtype=float)
     features = np.stack([np.full_like(sizes, 2 * (n - 1)), 2 * (n - 1) / n * sizes], axis=1)
     # relative errors: divide each row by its time, so small and large messages weigh alike
-    (alpha, inverse_beta), *_ = np.linalg.lstsq(features / seconds[:, None],
-                                                np.ones_like(seconds), rcond=None)
-    return max(float(alpha), 0.0), (1 / float(inverse_beta) if inverse_beta > 0 else math.inf)
+    scaled = features / seconds[:, None]
+    (alpha, inverse_beta), *_ = np.linalg.lstsq(scaled, np.ones_like(seconds), rcond=None)
+    if alpha < 0:
+        # alpha = 0: minimise sum((c x_i - 1)^2) over c = 1/beta alone, x_i the bandwidth column
+        column = scaled[:, 1]
+        alpha, inverse_beta = 0.0, float(column.sum() / (column**2).sum())
+    return float(alpha), (1 / float(inverse_beta) if inverse_beta > 0 else math.inf)
 
 
 def min_tokens_to_hide(allreduce_seconds: float, backward_flops_per_token: float,
@@ -228,25 +266,36 @@ def varying_workload(device, width: int = 1024, sizes: Sequence[int] = (), seed:
     model.zero_grad(set_to_none=True)
 
 
-def probe_sizes(steps: int = 40, low: int = 256, high: int = 16384, seed: int = 0) -> List[int]:
-    """Row counts for :func:`varying_workload`: multiples of 256 drawn at random (seeded)."""
+PROBE_ORDERS = ("random", "growing", "shrinking")
+
+
+def probe_sizes(steps: int = 40, low: int = 256, high: int = 16384, seed: int = 0,
+                order: str = "random") -> List[int]:
+    """Row counts for :func:`varying_workload`: multiples of 256 drawn at random (seeded), in
+    the order drawn (``"random"``), sorted from small to large (``"growing"``) or from large to
+    small (``"shrinking"``)."""
+    if order not in PROBE_ORDERS:
+        raise ValueError(f"order must be one of {PROBE_ORDERS}, not {order!r}")
     generator = torch.Generator().manual_seed(seed)
-    return [256 * int(k) for k in torch.randint(low // 256, high // 256 + 1, (steps,),
-                                                generator=generator)]
+    sizes = [256 * int(k) for k in torch.randint(low // 256, high // 256 + 1, (steps,),
+                                                 generator=generator)]
+    return sizes if order == "random" else sorted(sizes, reverse=order == "shrinking")
 
 
-def allocator_probe(steps: int = 40) -> dict:
-    """Run :func:`varying_workload` on the GPU and report the allocator's peaks: the most
-    bytes tensors held, the most the allocator reserved from CUDA, and how often it had to
-    free its cache and retry. ``{"cuda": False}`` where there is no GPU."""
+def allocator_probe(steps: int = 40, order: str = "random") -> dict:
+    """Run :func:`varying_workload` on the GPU, with the sizes of :func:`probe_sizes` in the
+    given ``order``, and report the allocator's peaks: the most bytes tensors held, the most
+    the allocator reserved from CUDA, and how often it had to free its cache and retry.
+    ``{"cuda": False}`` where there is no GPU."""
+    sizes = probe_sizes(steps, order=order)  # checks the order on any machine
     if not torch.cuda.is_available():
         return {"cuda": False}
     device = torch.device("cuda")
     torch.cuda.reset_peak_memory_stats(device)
-    varying_workload(device, sizes=probe_sizes(steps))
+    varying_workload(device, sizes=sizes)
     torch.cuda.synchronize(device)
     stats = torch.cuda.memory_stats(device)
-    return {"cuda": True, "setting": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
+    return {"cuda": True, "setting": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""), "order": order,
             "peak_allocated": torch.cuda.max_memory_allocated(device),
             "peak_reserved": torch.cuda.max_memory_reserved(device),
             "reserved_end": torch.cuda.memory_reserved(device),
@@ -255,15 +304,17 @@ def allocator_probe(steps: int = 40) -> dict:
 
 
 def allocator_probe_in_subprocess(alloc_conf: Optional[str], steps: int = 40,
-                                  timeout: float = 300) -> dict:
+                                  timeout: float = 300, order: str = "random") -> dict:
     """:func:`allocator_probe` in a fresh Python process with ``PYTORCH_CUDA_ALLOC_CONF`` set to
-    ``alloc_conf`` (unset for None): the allocator reads the setting once, at its start."""
+    ``alloc_conf`` (unset for None). The allocator reads the variable when it starts, and a
+    fresh process also starts with an empty cache, so that one probe cannot inherit the
+    segments of another."""
     env = dict(os.environ)
     env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
     if alloc_conf is not None:
         env["PYTORCH_CUDA_ALLOC_CONF"] = alloc_conf
     done = subprocess.run([sys.executable, "-m", "dlperf.utilization", "allocator-probe",
-                           str(steps)], env=env, capture_output=True, text=True, timeout=timeout,
+                           str(steps), order], env=env, capture_output=True, text=True, timeout=timeout,
                           check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -325,9 +376,11 @@ def amax_scale(x: torch.Tensor, fmt_max: float) -> float:
 def _main(argv: Sequence[str]) -> int:
     if len(argv) >= 1 and argv[0] == "allocator-probe":
         steps = int(argv[1]) if len(argv) > 1 else 40
-        print(json.dumps(allocator_probe(steps)))
+        order = argv[2] if len(argv) > 2 else "random"
+        print(json.dumps(allocator_probe(steps, order)))
         return 0
-    print("usage: python -m dlperf.utilization allocator-probe [STEPS]", file=sys.stderr)
+    print("usage: python -m dlperf.utilization allocator-probe [STEPS [random|growing|shrinking]]",
+          file=sys.stderr)
     return 2
 
 

@@ -100,6 +100,10 @@ _UNREADABLE = {
     # A cell whose last line returns a tensor or a matplotlib artist shows its repr.
     "a tensor's repr": re.compile(r"\btensor\(.*grad_fn=<"),
     "a plot object's repr": re.compile(r"^\[?(Text|Annotation|Line2D)\(", re.MULTILINE),
+    # ax.set_ylim / set_xlim return the new limits, a pair of floats, shown if last in a cell
+    "a pair of axis limits": re.compile(r"^\((?:np\.float\d+\()?-?[\d.]+(?:e[-+]?\d+)?\)?, "
+                                        r"(?:np\.float\d+\()?-?[\d.]+(?:e[-+]?\d+)?\)?\)$",
+                                        re.MULTILINE),
 }
 HIDDEN = {"remove-cell", "remove-input"}
 VERDICT_NAME = re.compile(r"_(verdict|balance|margin)$")

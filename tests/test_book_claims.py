@@ -482,9 +482,43 @@ def _um_expandable(v):
     """utilization-memory: reserved over peak allocated bytes, default against expandable
     segments, on a GPU; on a CPU there is nothing to compare."""
     if not v["on_gpu"]:
-        return "so there is no snapshot and no comparison of the two settings to report"
+        return "so this run says nothing about which setting reserves less"
     return ("so expandable segments reserved less" if v["expandable_ratio"] < v["default_ratio"]
             else "so expandable segments reserved no less")
+
+
+def _um_reuse(v):
+    """utilization-memory: the segments the third recorded training step obtained from CUDA."""
+    if not v["on_gpu"]:
+        return "so there is no snapshot to describe"
+    return ("so the third step was served from the cache alone" if v["last_new_segments"] == 0
+            else "so even the third step needed new segments from CUDA")
+
+
+def _um_ckpt_time(v):
+    """utilization-memory: checkpointed over plain time (fastest runs), against a band of 10%
+    or, if wider, the spread of the fastest runs (second fastest over fastest, the larger of
+    the two variants')."""
+    band = max(0.10, v["ckpt_spread_pct"] / 100)
+    assert v["ckpt_band_pct"] == pytest.approx(100 * band)
+    r = v["ckpt_time_ratio"]
+    if r >= 1 + band:
+        return "slower than keeping the activations"
+    if r <= 1 / (1 + band):
+        return "faster than keeping the activations"
+    return (f"about as fast as keeping the activations, within the {100 * band:.0f}% "
+            "by which the fastest runs differed")
+
+
+def _um_count_rule(v):
+    """utilization-memory: counted FLOPs against 6N + 12 L s d, the largest relative gap."""
+    gap = v["count_rule_gap"]
+    if gap < 1e-12:
+        return ("the count and the rule agree exactly, because every product of this model is "
+                "one the rule describes, the weights of the Linear layers and the two attention "
+                "products")
+    return (f"the count and the rule differ by up to {100 * gap:.2f}%, so the model runs "
+            "products that the rule does not describe")
 
 
 def _um_overflow(v):
@@ -500,20 +534,26 @@ CLAIMS += [
     (_UM, "step_share_verdict",
      lambda v: ("at least half of what the large product reached" if v["matmul_share"] >= 50
                 else "less than half of what the large product reached"), False),
-    (_UM, "ckpt_time_verdict",
-     _mp_time("ckpt_time_ratio", "faster than keeping the activations",
-              "slower than keeping the activations",
-              "about as fast as keeping the activations, within 10%", inverse=True), False),
+    (_UM, "count_rule_verdict", _um_count_rule, False),
+    (_UM, "meta_rule_verdict",
+     lambda v: ("agreed exactly" if v["meta_max_rule_gap"] < 1e-12
+                else f"differed, by up to {100 * v['meta_max_rule_gap']:.2f}%"), False),
+    (_UM, "ckpt_time_verdict", _um_ckpt_time, False),
+    (_UM, "reuse_verdict", _um_reuse, False),
     (_UM, "overlap_verdict",
      lambda v: ("no longer than the backward pass, so it could hide entirely behind it"
                 if v["allreduce_ms"] <= v["backward_ms_again"]
                 else "longer than the backward pass, so part of it would always show"), False),
     (_UM, "expandable_verdict", _um_expandable, False),
     (_UM, "overflow_verdict", _um_overflow, False),
+    # the bound 2^-4 holds for values in the normal range; the largest error there is checked
     (_UM, "fp8_error_verdict",
-     lambda v: ("within the 2^-4 that rounding to 3 mantissa bits can cost"
-                if v["fp8_error_scaled"] <= 2**-4
-                else "more than the 2^-4 that rounding to 3 mantissa bits can cost"), False),
+     lambda v: ("within the 2^-4 that rounding to 3 mantissa bits allows there"
+                if v["fp8_max_error_normal"] <= 2**-4
+                else "beyond the 2^-4 that rounding to 3 mantissa bits allows there"), False),
+    (_UM, "unscaled_median_verdict",
+     lambda v: ("1, since more than half of the values became zero, each with a relative error of 1"
+                if v["fp8_zero_unscaled"] > 50 else f"{v['fp8_median_unscaled']:.3g}"), False),
 ]
 # The FP8 formats' ranges follow from their bit layouts; backward costs twice the forward.
 FACTS += [(_UM, "e4m3_max", lambda v: 448.0), (_UM, "e5m2_max", lambda v: 57344.0),
@@ -700,7 +740,13 @@ def test_the_rules_catch_a_verdict_that_disagrees():
     assert _pm_gelu_bound(far_below).endswith("predicts nothing for this run")
     # utilization-memory: a CPU run compares nothing; a conversion that gave NaN is no saturation
     assert _um_expandable({"on_gpu": False, "default_ratio": float("nan"),
-                           "expandable_ratio": float("nan")}).startswith("so there is no snapshot")
+                           "expandable_ratio": float("nan")}).startswith("so this run says nothing")
+    assert _um_reuse({"on_gpu": True, "last_new_segments": 2}).startswith("so even the third")
+    # utilization-memory once judged a 1.24 time ratio against 10% while its runs varied by 24%
+    noisy = {"ckpt_time_ratio": 1.2, "ckpt_spread_pct": 24.0, "ckpt_band_pct": 24.0}
+    assert _um_ckpt_time(noisy).startswith("about as fast")
+    assert _um_ckpt_time({**noisy, "ckpt_spread_pct": 3.0, "ckpt_band_pct": 10.0}).startswith("slower")
+    assert _um_count_rule({"count_rule_gap": 0.05}).startswith("the count and the rule differ")
     assert _um_expandable({"on_gpu": True, "default_ratio": 1.4, "expandable_ratio": 1.1}) == (
         "so expandable segments reserved less")
     assert _um_overflow({"e4m3_of_500": float("nan"), "e4m3_max": 448.0}).startswith("NaN")

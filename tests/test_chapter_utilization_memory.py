@@ -43,13 +43,21 @@ def test_counted_flops_follow_the_rule_exactly(page):
     assert number(values, "step_gflop") * 1e9 == pytest.approx(
         number(values, "flops_per_token") * number(values, "step_tokens"))
     assert number(values, "n_params") > n_matmul  # embeddings, biases and norms besides
+    assert number(values, "count_rule_gap") == 0
+    assert values["count_rule_verdict"].strip("'").startswith("the count and the rule agree exactly")
 
 
 def test_the_meta_device_counts_a_gpt2_shape(page):
     _, text, values = page
     assert number(values, "meta_max_rule_gap") == 0
-    assert "123,532,032 weights in matrix products, 38,597,376 of them in the head" in text
-    assert number(values, "gpt2_head_millions") == pytest.approx(50257 * 768 / 1e6)
+    assert values["meta_rule_verdict"].strip("'") == "agreed exactly"
+    # GPT-2 small's layer shape with an untied head: 12 blocks of 12 d^2, and the head d V
+    blocks, head = 12 * 12 * 768**2, 768 * 50257
+    assert (f"{blocks + head:,} weights in matrix products, {head:,} (31%) of them in the head; "
+            f"{blocks:,} without it") in text
+    assert number(values, "gpt2_head_millions") == pytest.approx(head / 1e6)
+    assert number(values, "gpt2_head_pct") == pytest.approx(100 * head / (blocks + head))
+    assert "(0.0, " not in text  # the axis limits are not printed
     # the share grows with the length: s / (6d) per unit of 6N, for the blocks alone
     assert 0 < number(values, "meta_share_short") < number(values, "meta_share_long") < 100
 
@@ -81,6 +89,8 @@ def test_checkpointing_recomputes_as_counted_and_saves_memory(page):
     assert number(values, "ckpt_saved_ratio") < 0.5
     assert number(values, "ckpt_peak_ratio") < 1
     assert number(values, "ckpt_time_ratio") > 0
+    # one series of rounds times both passes; the band is at least 10%, wider if the runs vary
+    assert number(values, "ckpt_band_pct") == pytest.approx(max(10.0, number(values, "ckpt_spread_pct")))
 
 
 def test_the_overlap_condition_uses_the_measured_numbers(page):
@@ -113,10 +123,13 @@ def test_the_allocator_section_measures_only_on_a_gpu(page):
     if torch.cuda.is_available():
         assert "reserved / allocated" in text
         assert number(values, "default_ratio") >= 1 and number(values, "expandable_ratio") >= 1
+        assert number(values, "last_new_segments") >= 0
+        assert "segments obtained from CUDA in steps 1, 2 and 3" in text
     else:
         assert "no GPU on this run" in text
         assert values["allocator_sentence"].strip("'") == "the page ran on a CPU"
         assert math.isnan(number(values, "default_ratio"))
+        assert number(values, "last_new_segments") == -1
 
 
 def test_fp8_ranges_rounding_and_scaling(page):
@@ -126,6 +139,13 @@ def test_fp8_ranges_rounding_and_scaling(page):
     assert number(values, "e4m3_of_tiny") == 0
     assert number(values, "fp8_zero_scaled") < number(values, "fp8_zero_unscaled")
     assert 0 < number(values, "fp8_error_scaled") <= 2**-4
+    # in the normal range, rounding to 3 mantissa bits costs at most half a gap: 2^-4
+    assert 0 < number(values, "fp8_max_error_normal") <= 2**-4
+    assert 0 < number(values, "fp8_normal_scaled") <= 100
+    if number(values, "fp8_zero_unscaled") > 50:
+        assert number(values, "fp8_median_unscaled") == 1
+    inf_cast = number(values, "e4m3_of_inf")  # saturated or NaN, by PyTorch version
+    assert inf_cast == 448 or math.isnan(inf_cast)
 
 
 @pytest.mark.gpu
@@ -138,6 +158,7 @@ def test_page_runs_on_the_gpu(monkeypatch):
     assert "peak for bfloat16" in text
     assert "segments" in values["allocator_sentence"]
     assert "reserved / allocated" in text
+    assert "TFLOP/s" in values["step_rate_text"] and "GFLOP/s" not in values["mfu_sentence"]
     assert number(values, "hfu_flops_ratio") == pytest.approx(number(values, "hfu_expected_ratio"),
                                                               rel=1e-9)
     if "datasheet" in values["mfu_sentence"]:

@@ -79,6 +79,20 @@ def test_attention_is_causal():
     assert not torch.allclose(attention(x)[0, 4:], attention(changed)[0, 4:])
 
 
+def test_interleaved_times_run_the_candidates_in_turn():
+    calls = []
+    times = utilization.interleaved_times({"a": lambda: calls.append("a"),
+                                           "b": lambda: calls.append("b")}, repeat=3, warmup=1)
+    assert calls == ["a", "b"] + ["a", "b"] * 3  # warm-ups, then three rounds
+    assert {name: len(runs) for name, runs in times.items()} == {"a": 3, "b": 3}
+    assert all(t >= 0 for runs in times.values() for t in runs)
+
+
+def test_fastest_spread_is_the_second_fastest_over_the_fastest():
+    assert utilization.fastest_spread([3.0, 1.0, 1.5, 2.0]) == pytest.approx(0.5)
+    assert utilization.fastest_spread([2.0]) == 0.0
+
+
 def test_mfu_is_model_flops_per_second_over_peak():
     assert utilization.mfu(1000.0, 6e9, 1.2e13) == pytest.approx(0.5)
 
@@ -96,6 +110,32 @@ def test_fit_recovers_alpha_and_beta_from_exact_times():
     fitted_alpha, fitted_beta = utilization.fit_alpha_beta(n, sizes, times)
     assert fitted_alpha == pytest.approx(alpha, rel=1e-6)
     assert fitted_beta == pytest.approx(beta, rel=1e-6)
+
+
+def test_a_negative_alpha_is_clipped_and_beta_fitted_again():
+    import numpy as np
+
+    n, beta = 2, 2e9
+    sizes = np.array([1e5, 1e6, 1e7])
+    # times that a line through the origin misses by a negative intercept: the joint fit's
+    # alpha is below zero
+    times = np.array([utilization.ring_allreduce_seconds(n, m, 0.0, beta) for m in sizes]) - 2e-5
+    fitted_alpha, fitted_beta = utilization.fit_alpha_beta(n, sizes, times)
+    assert fitted_alpha == 0.0
+    column = (2 * (n - 1) / n * sizes) / times  # the bandwidth column, in relative errors
+
+    def relative_residual(b):
+        return float((((column / b) - 1) ** 2).sum())
+
+    # the refitted beta is the best one with alpha = 0: better than its neighbours and than the
+    # beta that went with the negative alpha of the joint fit
+    features = np.stack([np.full_like(sizes, 2 * (n - 1)), 2 * (n - 1) / n * sizes], axis=1)
+    (joint_alpha, joint_inverse_beta), *_ = np.linalg.lstsq(features / times[:, None],
+                                                            np.ones_like(times), rcond=None)
+    assert joint_alpha < 0
+    best = relative_residual(fitted_beta)
+    assert best < relative_residual(1 / joint_inverse_beta)
+    assert best <= min(relative_residual(fitted_beta * 1.001), relative_residual(fitted_beta / 1.001))
 
 
 def test_the_break_even_points_make_both_sides_equal():
@@ -159,10 +199,21 @@ def test_probe_sizes_are_seeded_multiples_of_256():
     assert len(set(sizes)) > 1
 
 
+def test_probe_sizes_come_in_the_order_asked_for():
+    drawn = utilization.probe_sizes(20, seed=3)
+    assert utilization.probe_sizes(20, seed=3, order="growing") == sorted(drawn)
+    assert utilization.probe_sizes(20, seed=3, order="shrinking") == sorted(drawn, reverse=True)
+    with pytest.raises(ValueError):
+        utilization.probe_sizes(20, order="sideways")
+    with pytest.raises(ValueError):
+        utilization.allocator_probe(order="sideways")
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU answer")
 def test_the_allocator_probe_says_so_without_a_gpu():
     assert utilization.allocator_probe() == {"cuda": False}
     assert utilization.allocator_probe_in_subprocess("expandable_segments:True") == {"cuda": False}
+    assert utilization.allocator_probe_in_subprocess(None, steps=4, order="growing") == {"cuda": False}
 
 
 @pytest.mark.gpu
@@ -171,7 +222,9 @@ def test_the_allocator_probe_measures_both_settings_on_a_gpu():
     expandable = utilization.allocator_probe_in_subprocess("expandable_segments:True", steps=10)
     assert default["cuda"] and expandable["cuda"]
     assert default["setting"] == "" and expandable["setting"] == "expandable_segments:True"
-    for probe in (default, expandable):
+    growing = utilization.allocator_probe_in_subprocess(None, steps=10, order="growing")
+    assert growing["order"] == "growing" and default["order"] == "random"
+    for probe in (default, expandable, growing):
         assert probe["peak_reserved"] >= probe["peak_allocated"] > 0
 
 
