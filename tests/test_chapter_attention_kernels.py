@@ -138,8 +138,10 @@ def test_graph_breaks_are_counted_and_fullgraph_refuses_them(page):
     assert "item" in values["item_reason"]
     assert values["fullgraph_outcome"].strip("'") == "raised Unsupported"
     assert "the clean step compiled whole with fullgraph=True" in text
-    # explain runs the function (one print); fullgraph=True stops before running it (none)
-    assert text.count("mean activation") == 1
+    assert number(values, "reordered_graphs") == 1  # print moved after the graph
+    assert "print as a reorderable logging function: graphs 1, graph breaks 0" in text
+    # explain runs the function (one print each time); fullgraph=True stops before running it
+    assert text.count("mean activation") == 2
 
 
 def test_recompilations_are_caught_with_their_guards(page):
