@@ -635,6 +635,10 @@ CLAIMS += [
      lambda v: ("fewer than the changes of input, so at least one new input was served by a "
                 "graph compiled before it" if v["recompiles_default"] < v["input_changes"]
                 else "one for every new input"), False),
+    (_AK, "float_verdict",
+     lambda v: ("fewer than one per new value, so later values reused a graph compiled before "
+                "them" if v["float_recompiles"] < v["float_calls"] - 1
+                else "one for every new value"), False),
     (_AK, "dynamic_verdict",
      lambda v: ("fewer than with the default setting"
                 if v["recompiles_dynamic"] < v["recompiles_default"] else

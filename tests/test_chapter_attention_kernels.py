@@ -155,6 +155,10 @@ def test_recompilations_are_caught_with_their_guards(page):
     assert "size mismatch" not in values["dynamic_guards"]  # sizes were symbols from the start
     assert f"default: 4 calls; recompilations: {default:.0f}" in text
     assert number(values, "recompile_limit") >= 1
+    # a changing float becomes a symbol at its first recompilation, as sizes do
+    assert number(values, "float_calls") == 5
+    assert number(values, "float_recompiles") == 1
+    assert "a float argument, 5 values: recompilations: 1" in text
 
 
 def test_cpu_run_says_it_recorded_no_graph(page):
