@@ -48,6 +48,9 @@ def test_every_version_of_attention_gives_the_same_output(page):
     assert number(values, "fp32_eps") == pytest.approx(2.0 ** -23)
     assert 0 <= number(values, "sdpa_diff") < 1e-5
     assert 0 <= number(values, "blockwise_diff") < 1e-5
+    # bfloat16 inputs, float32 running sums: the result's own rounding, about 2**-9 of it
+    assert "bfloat16 inputs: the blockwise output is within" in text
+    assert 0 <= number(values, "blockwise16_diff") < 2 ** -7
 
 
 def test_the_score_matrix_is_counted_and_dominates_the_naive_peak(page):
@@ -96,6 +99,11 @@ def test_the_backends_table_names_every_backend(page):
     assert len(ran) == number(values, "backends_ran_count")
     assert len(re.findall(r"^  \w+: ran;", text, re.M)) == len(ran)
     assert number(values, "flash_speedup") > 0
+    on_gpu = values["on_gpu"] == "True"
+    assert ("SDPA's order of preference on this GPU:" in text) == on_gpu
+    # a CPU run states no GPU result as one; the refusals name a reason, not a C++ line
+    assert values["flash_outlook"].strip("'\"").startswith("This run had no GPU") != on_gpu
+    assert "Triggered internally" not in text
     if values["on_gpu"] != "True":  # PyTorch's CPU flash kernel; the others are CUDA kernels
         assert ran == ["MATH", "FLASH_ATTENTION"]
 
@@ -114,6 +122,9 @@ def test_the_fixed_cost_per_operation_is_measured(page):
     assert rows[0][1][0] == pytest.approx(number(values, "overhead_us"), abs=1e-4)
     for size, (per_op_us, per_element_ns) in rows:  # the two columns say the same thing
         assert per_element_ns == pytest.approx(per_op_us * 1e3 / int(size), rel=1e-3, abs=1e-4)
+    # what an H100 could compute in the time of this run's floor, from the datasheet's peak
+    assert number(values, "h100_gflop_in_floor") == pytest.approx(
+        number(values, "h100_bf16_tflops") * 1e3 * number(values, "overhead_us") * 1e-6)
 
 
 def test_graph_breaks_are_counted_and_fullgraph_refuses_them(page):
@@ -122,11 +133,15 @@ def test_graph_breaks_are_counted_and_fullgraph_refuses_them(page):
     assert number(values, "item_graphs") == 2
     assert number(values, "clean_graphs") == 1
     assert "print" in values["print_reason"] or "builtin" in values["print_reason"]
+    assert "print" in values["print_explanation"] or values["print_explanation"] == "'none given'"
+    assert "calls in graphs" in text
     assert "item" in values["item_reason"]
     assert values["fullgraph_outcome"].strip("'") == "raised Unsupported"
     assert "the clean step compiled whole with fullgraph=True" in text
-    # explain runs the function (one print); fullgraph=True stops before running it (none)
-    assert text.count("mean activation") == 1
+    assert number(values, "reordered_graphs") == 1  # print moved after the graph
+    assert "print as a reorderable logging function: graphs 1, graph breaks 0" in text
+    # explain runs the function (one print each time); fullgraph=True stops before running it
+    assert text.count("mean activation") == 2
 
 
 def test_recompilations_are_caught_with_their_guards(page):
@@ -140,6 +155,10 @@ def test_recompilations_are_caught_with_their_guards(page):
     assert "size mismatch" not in values["dynamic_guards"]  # sizes were symbols from the start
     assert f"default: 4 calls; recompilations: {default:.0f}" in text
     assert number(values, "recompile_limit") >= 1
+    # a changing float becomes a symbol at its first recompilation, as sizes do
+    assert number(values, "float_calls") == 5
+    assert number(values, "float_recompiles") == 1
+    assert "a float argument, 5 values: recompilations: 1" in text
 
 
 def test_cpu_run_says_it_recorded_no_graph(page):

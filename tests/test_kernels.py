@@ -56,6 +56,17 @@ def test_blockwise_attention_handles_queries_and_keys_of_different_lengths():
                                kernels.naive_attention(q, k, v))
 
 
+def test_blockwise_attention_keeps_float32_statistics_for_bfloat16_inputs():
+    """Its running sums are float32, as FlashAttention's are: the bfloat16 result is the float32
+    one rounded once (within bfloat16's half-step, 2**-9 of the largest output), where sums
+    kept in bfloat16 would drift over 32 blocks."""
+    q, k, v = qkv(seq=512, heads=1, dim=16, dtype=torch.bfloat16)
+    out = kernels.blockwise_attention(q, k, v, block=16)
+    assert out.dtype == torch.bfloat16
+    exact = kernels.naive_attention(q.float(), k.float(), v.float())
+    assert (out.float() - exact).abs().max() <= 2 ** -8 * exact.abs().max()
+
+
 def test_blockwise_attention_rejects_an_empty_block():
     q, k, v = qkv(seq=8)
     with pytest.raises(ValueError):
@@ -107,6 +118,37 @@ def test_sdpa_backends_says_which_ran_and_why_the_others_did_not():
         assert not found["CUDNN_ATTENTION"]["ran"]
 
 
+# What PyTorch's CUDA backend selection warned when only the flash kernel was allowed and the
+# inputs were float32 (the format of torch 2.x's sdp_utils.cpp; the source paths shortened).
+CUDA_WARNINGS = [
+    "Memory efficient kernel not used because: (Triggered internally at sdp_utils.cpp:900.)",
+    "Memory Efficient attention has been runtime disabled. (Triggered internally at "
+    "sdp_utils_cpp.h:550.)",
+    "Flash attention kernel not used because: (Triggered internally at sdp_utils.cpp:902.)",
+    "Expected query, key and value to all be of dtype: {Half, BFloat16}. Got Query dtype: "
+    "float, Key dtype: float, and Value dtype: float instead. (Triggered internally at "
+    "sdp_utils_cpp.h:110.)",
+    "cuDNN attention kernel not used because: (Triggered internally at sdp_utils.cpp:904.)",
+    "cuDNN attention has been runtime disabled. (Triggered internally at sdp_utils.cpp:600.)",
+]
+
+
+def test_refusal_reason_reads_the_requested_backends_own_warnings():
+    why = kernels.refusal_reason("FLASH_ATTENTION", CUDA_WARNINGS,
+                                 "No available kernel. Aborting execution.")
+    assert why == ("Expected query, key and value to all be of dtype: {Half, BFloat16}. Got "
+                   "Query dtype: float, Key dtype: float, and Value dtype: float instead.")
+    assert kernels.refusal_reason("EFFICIENT_ATTENTION", CUDA_WARNINGS) == (
+        "Memory Efficient attention has been runtime disabled.")
+    assert kernels.refusal_reason("CUDNN_ATTENTION", CUDA_WARNINGS) == (
+        "cuDNN attention has been runtime disabled.")
+    # several failed checks under one header are joined; no section at all gives the error
+    two = CUDA_WARNINGS[2:4] + ["Flash attention requires a head dimension of at most 256."]
+    assert kernels.refusal_reason("FLASH_ATTENTION", two).count("; ") == 1
+    assert kernels.refusal_reason("CUDNN_ATTENTION", [], "No viable backend.\nmore") == (
+        "No viable backend.")
+
+
 def test_op_chain_alternates_halving_and_adding_a_quarter():
     x = torch.tensor([4.0, -2.0])
     torch.testing.assert_close(kernels.op_chain(x, 0), x)
@@ -138,12 +180,20 @@ def test_explain_counts_graphs_and_break_reasons():
     def clean(x):
         return torch.cos(torch.sin(x))
 
+    def methods(x):
+        return torch.sin(x).sum() + x.mean()  # sin and add are functions; sum, mean methods
+
     broken = kernels.explain(printing, torch.randn(4))
     assert broken["graphs"] == 2 and broken["breaks"] == 1
     assert len(broken["reasons"]) == 1 and broken["reasons"][0]
     assert "\n" not in broken["reasons"][0]
+    assert len(broken["explanations"]) == 1 and "\n" not in broken["explanations"][0]
+    assert kernels._explanation("Reason\n  Explanation: why it broke\n  Hint: x") == (
+        "why it broke")
+    assert kernels._explanation("Reason alone") == ""
     whole = kernels.explain(clean, torch.randn(4))
-    assert whole == {"graphs": 1, "breaks": 0, "ops": 2, "reasons": []}
+    assert whole == {"graphs": 1, "breaks": 0, "ops": 2, "reasons": [], "explanations": []}
+    assert kernels.explain(methods, torch.randn(4))["ops"] == 4
 
 
 def test_recompile_log_collects_the_failed_guards(capsys):
@@ -165,3 +215,30 @@ def test_recompile_log_collects_the_failed_guards(capsys):
     compiled(torch.randn(4, dtype=torch.float16))  # after the block: nothing more collected
     assert log.recompiles == 1
     torch._dynamo.reset()
+
+
+def test_recompile_log_keeps_only_guards_and_leaves_other_log_settings(capsys):
+    """A float argument's guard ("a == 1.0") comes with "- User stack trace:" lines, which are
+    not guards; the log settings made before the block survive it."""
+    import torch._dynamo
+    from torch._logging import _internal
+
+    def f(x, a):
+        return torch.tanh(x) * a
+
+    torch._dynamo.reset()
+    torch._logging.set_logs(graph_code=True)
+    try:
+        compiled = torch.compile(f, backend="eager")
+        with kernels.RecompileLog() as log:
+            for a in (1.0, 2.0, 3.0):  # the second float recompiles, with the float a symbol
+                compiled(torch.randn(4), a)
+        assert log.recompiles == 1
+        assert log.guard_failures == ["a == 1.0"]
+        assert all(not g.startswith("User stack") for g in log.guard_failures)
+        assert _internal.log_state.is_artifact_enabled("graph_code")
+        assert not _internal.log_state.is_artifact_enabled("recompiles")
+    finally:
+        torch._logging.set_logs()
+        torch._dynamo.reset()
+    capsys.readouterr()
