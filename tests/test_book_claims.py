@@ -548,6 +548,9 @@ CLAIMS += [
                 "run's operation times for at least one schedule: the simulator gives every "
                 "operation of a stage that stage's mean time, and the run's operations varied "
                 "around their means"), False),
+    (_MODEL, "flash_fit_verdict",
+     lambda v: ("more than a GPU's 80 GB" if v["act_flash_gb"] > 80
+                else "within a GPU's 80 GB"), False),
     (_MODEL, "same_time_verdict",
      lambda v: ("the same time, within 1%" if abs(v["same_time_ratio"] - 1) <= 0.01 else
                 "longer with GPipe" if v["same_time_ratio"] > 1 else "longer with 1F1B"), False),
@@ -583,6 +586,7 @@ FACTS += [(_MODEL, "act_layer_gb", lambda v: _SBH * 114 / 1e9),
           (_MODEL, "act_tp8_flash_gb", lambda v: 96 * _SBH * 13 / 1e9),
           (_MODEL, "act_sp8_flash_gb", lambda v: 96 * _SBH * 34 / 8 / 1e9),
           (_MODEL, "attention_units", lambda v: 80.0),
+          (_MODEL, "act_units", lambda v: 114.0),
           (_MODEL, "act_long_gb", lambda v: 96 * 64 * _SBH * 34 / 8 / 1e9),
           (_MODEL, "states_tb", lambda v: 175e9 * 16 / 1e12),
           (_MODEL, "zero3_64_gb", lambda v: 175e9 * 16 / 64 / 1e9),

@@ -246,3 +246,26 @@ def test_the_pipeline_computes_the_whole_model_s_gradients(split):
         assert run["loss"] == pytest.approx(last["reference_loss"], rel=1e-5)
         for kind, micro, start, end in run["runs"][0]:
             assert start <= end
+
+
+# ---------------------------------------------------------------- the page's verdict rules
+def _rule(name):
+    from tests.test_book_claims import CLAIMS
+    return next(rule for page, verdict, rule, _ in CLAIMS
+                if page == "chapters/model-parallelism" and verdict == name)
+
+
+@pytest.mark.parametrize("gap, words", [(3.0, "within 5"), (-4.9, "within 5"),
+                                        (7.0, "above what"), (-7.0, "below what")])
+def test_the_simulator_verdict_reads_the_sign_of_the_gap(gap, words):
+    verdict = _rule("pipe_sim_verdict")({"pipe_sim_gap": gap})
+    assert words in verdict
+    # only idle time beyond the prediction is blamed on the transfers
+    assert ("transfers" in verdict) == (gap > 5)
+
+
+@pytest.mark.parametrize("ratio, verdict", [(1.005, "the same time, within 1%"),
+                                            (1.08, "longer with GPipe"),
+                                            (0.9, "longer with 1F1B")])
+def test_the_shared_times_verdict(ratio, verdict):
+    assert _rule("same_time_verdict")({"same_time_ratio": ratio}) == verdict
