@@ -9,13 +9,14 @@ laptop, one process per GPU over NCCL on a GPU machine.
   two autograd functions of the paper, an identity whose backward pass is an allreduce
   (:func:`copy_to_group`) and an allreduce whose backward pass is an identity
   (:func:`reduce_from_group`). With ``sequence_parallel=True`` the allreduce becomes a
-  reduce-scatter and the identity an all-gather over the tokens (Korthikanti et al., 2022).
+  reduce-scatter and the identity an all-gather over the tokens (Korthikanti et al., MLSys
+  2023).
 * Context parallelism: :func:`ring_attention`, attention over a sequence whose tokens are
   split over the processes, with the keys and values passed round a ring.
-* Pipeline parallelism: the GPipe and 1F1B schedules (:func:`gpipe_schedule`,
+* Pipeline parallelism: the GPipe and 1F1B-with-a-flush schedules (:func:`gpipe_schedule`,
   :func:`one_f_one_b_schedule`), a simulator of their timing (:func:`simulate`) and a
-  runner that executes a schedule over stages in processes with send and receive
-  (:func:`run_pipeline`).
+  runner that executes a schedule over stages in processes, its sends and receives posted
+  in batches (:func:`p2p_plan`, :func:`run_pipeline`).
 * :class:`CommCounter` counts every collective and send of a block, including those that
   DTensor (``parallelize_module``, ``fully_shard``) issues, with the size of its group.
 """
@@ -151,8 +152,10 @@ class CommCounter:
         return out
 
     def sent(self) -> float:
-        """Elements this process sends in the block: ring algorithms for the collectives
-        (:data:`RING_SENT`, each with its own group's size), the elements of every send."""
+        """Elements this process *would* send in the block if every collective ran as a ring
+        (:data:`RING_SENT`, each with its own group's size), plus the elements of every send.
+        Not a measurement of the wire: it applies the ring formula to the calls counted, and
+        gloo and NCCL choose their own algorithms."""
         return sum(numel if kind == "send" else RING_SENT[kind](size) * numel
                    for kind, numel, size, *_ in self.records)
 
@@ -399,8 +402,9 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group=None
         requests = []
         if step < n - 1:  # start passing this block on while computing with it
             incoming = torch.empty_like(block)
-            requests = [dist.isend(block, right, group=group),
-                        dist.irecv(incoming, left, group=group)]
+            # One batch, so that NCCL posts the send and the receive together.
+            requests = dist.batch_isend_irecv([dist.P2POp(dist.isend, block, right, group),
+                                               dist.P2POp(dist.irecv, incoming, left, group)])
         k_j, v_j = block[:, :d], block[:, d:]
         scores = q @ k_j.T * scale
         new_top = torch.maximum(top, scores.max(dim=1, keepdim=True).values)
@@ -435,7 +439,10 @@ def gpipe_schedule(stages: int, micro: int) -> List[List[Op]]:
 
 
 def one_f_one_b_schedule(stages: int, micro: int) -> List[List[Op]]:
-    """1F1B (PipeDream-Flush; Narayanan et al., 2019 and 2021): stage ``s`` first runs
+    """1F1B with a flush (PipeDream-Flush; Narayanan et al., ICML 2021), synchronous: every
+    micro-batch of the batch uses the same weights, and the weights change after the last
+    backward pass (PipeDream of 2019 was asynchronous, with several versions of the weights
+    in flight). Stage ``s`` first runs
     ``p - s - 1`` forward passes (fewer if there are fewer micro-batches), then alternates one
     forward and one backward pass, and ends with the backward passes left."""
     schedule = []
@@ -514,9 +521,50 @@ def in_flight(ops: Sequence[Op]) -> int:
     return peak
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+Post = Tuple[str, str, int, int]  # ("send" or "recv", "F" or "B", micro-batch, peer stage)
+
+
+def _recv_of(op: Op, rank: int, world: int) -> Optional[Post]:
+    kind, i = op
+    if kind == "F" and rank > 0:
+        return ("recv", "F", i, rank - 1)  # the activations of micro-batch i
+    if kind == "B" and rank < world - 1:
+        return ("recv", "B", i, rank + 1)  # the gradient of this stage's output
+    return None
+
+
+def _send_of(op: Op, rank: int, world: int) -> Optional[Post]:
+    kind, i = op
+    if kind == "F" and rank < world - 1:
+        return ("send", "F", i, rank + 1)
+    if kind == "B" and rank > 0:
+        return ("send", "B", i, rank - 1)
+    return None
+
+
+def p2p_plan(ops: Sequence[Op], rank: int, world: int) -> List[List[List[Post]]]:
+    """The transfers stage ``rank`` posts around its list of operations, in batches.
+
+    ``plan[k]`` holds the batches to post before operation ``k`` (for ``k > 0``, just after
+    operation ``k - 1``), ``plan[len(ops)]`` those after the last. An operation's send and the
+    next operation's receive go in one batch when they are with the same neighbour (a forward
+    pass's activations out and a gradient back from the next stage, or a gradient out and the
+    next activations in from the stage before), as Megatron-LM's ``send_forward_recv_backward``
+    and ``send_backward_recv_forward`` do: each of the two stages then posts the pair together,
+    and neither waits for the other to take its send before it posts its receive. Otherwise
+    the send goes first, in a batch of its own, then the receive.
+    """
+    plan: List[List[List[Post]]] = [[] for _ in range(len(ops) + 1)]
+    if ops and _recv_of(ops[0], rank, world):
+        plan[0].append([_recv_of(ops[0], rank, world)])
+    for k, op in enumerate(ops):
+        send = _send_of(op, rank, world)
+        recv = _recv_of(ops[k + 1], rank, world) if k + 1 < len(ops) else None
+        if send and recv and send[3] == recv[3]:
+            plan[k + 1].append([send, recv])
+        else:
+            plan[k + 1] += [[post] for post in (send, recv) if post]
+    return plan
 
 
 def run_pipeline(stage: nn.Module, ops: Sequence[Op], inputs: Sequence[torch.Tensor],
@@ -528,55 +576,97 @@ def run_pipeline(stage: nn.Module, ops: Sequence[Op], inputs: Sequence[torch.Ten
     ``shape``, from the stage before; the last stage computes a mean-squared-error loss
     against ``targets[i]`` (divided by the number of micro-batches, so that the gradients add
     up to those of the whole batch) and starts the backward pass; the others receive the
-    gradient of their output from the stage after. Sends are non-blocking (a stage does not wait
-    for its neighbour to take what it sends); receives block. Returns the
-    ``(kind, micro, start, end)`` of each operation on ``time.perf_counter``'s clock, from the
-    moment its input was there to the end of the stage's own computation (a GPU's included),
-    and the losses of the last stage.
+    gradient of their output from the stage after. The transfers are posted as
+    :func:`p2p_plan` batches them, with ``dist.batch_isend_irecv``; a stage waits only for what
+    it receives, before the operation that needs it.
+
+    Returns the ``(kind, micro, start, end)`` of each operation on ``time.perf_counter``'s
+    clock, from the moment its input was there (and the stage's previous operation done) to
+    the end of its computation, and the losses of the last stage. On a GPU the host only
+    queues work: the times come from CUDA events recorded on the stream, placed on the host's
+    clock by one event recorded at the start, and nothing waits for the GPU until the end.
     """
     rank, world = dist.get_rank(group), dist.get_world_size(group)
+    peer = (lambda r: dist.get_global_rank(group, r)) if group is not None else (lambda r: r)
+    plan = p2p_plan(ops, rank, world)
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize(device)
+        origin = torch.cuda.Event(enable_timing=True)
+        origin.record()
+        origin_time = time.perf_counter()
+
+    def now():
+        if not cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    received: Dict[Tuple[str, int], Tuple[torch.Tensor, list]] = {}  # (kind, i) -> (tensor, work)
+    in_transit: List[Tuple[torch.Tensor, list]] = []  # what was sent, kept until it has gone
+
+    def post(batches, outgoing: Optional[torch.Tensor] = None) -> None:
+        for batch in batches:
+            p2p, arrivals = [], []
+            for direction, kind, i, neighbour in batch:
+                if direction == "send":
+                    p2p.append(dist.P2POp(dist.isend, outgoing, peer(neighbour), group))
+                else:
+                    buffer = torch.empty(shape, device=device)
+                    p2p.append(dist.P2POp(dist.irecv, buffer, peer(neighbour), group))
+                    arrivals.append(((kind, i), buffer))
+            works = dist.batch_isend_irecv(p2p)
+            for key, buffer in arrivals:
+                received[key] = (buffer, works)
+            if outgoing is not None and any(post[0] == "send" for post in batch):
+                in_transit.append((outgoing, works))
+
+    def take(key) -> torch.Tensor:
+        buffer, works = received.pop(key)
+        for work in works:  # on a GPU: the stream waits, the host goes on
+            work.wait()
+        return buffer
+
     kept: Dict[int, Tuple[torch.Tensor, torch.Tensor]] = {}  # micro-batch -> (input, output)
-    sends, pending, records, losses = {}, [], [], []
+    marks, losses = [], []
     m = len(targets)
-    for kind, i in ops:
+    post(plan[0])
+    for k, (kind, i) in enumerate(ops):
+        outgoing = None
         if kind == "F":
-            if rank == 0:
-                x = inputs[i].to(device)
-            else:
-                x = torch.empty(shape, device=device)
-                dist.recv(x, rank - 1, group=group)
-                x.requires_grad_(True)
-            _sync(device)  # NCCL's recv returns once queued: the clock starts when data are here
-            start = time.perf_counter()
+            x = inputs[i].to(device) if rank == 0 else take(("F", i)).requires_grad_(True)
+            start = now()
             y = stage(x)
             if rank == world - 1:
                 y = F.mse_loss(y, targets[i].to(device)) / m
-                losses.append(float(y.detach()))
+                losses.append(y.detach())
             else:
-                sends[i] = dist.isend(y.detach().contiguous(), rank + 1, group=group)
+                outgoing = y.detach().contiguous()
             kept[i] = (x, y)
         else:
             x, y = kept.pop(i)
-            if i in sends:  # the next stage has taken micro-batch i: let go of what was sent
-                sends.pop(i).wait()
-            if rank == world - 1:
-                start = time.perf_counter()
-                y.backward()
-            else:
-                grad = torch.empty(shape, device=device)
-                dist.recv(grad, rank + 1, group=group)
-                _sync(device)
-                start = time.perf_counter()
-                y.backward(grad)
+            grad = None if rank == world - 1 else take(("B", i))
+            start = now()
+            y.backward(grad)
             if rank > 0:
-                pending.append(dist.isend(x.grad.contiguous(), rank - 1, group=group))
+                outgoing = x.grad.contiguous()
             del x, y
-        _sync(device)
-        records.append((kind, i, start, time.perf_counter()))
-        pending = [request for request in pending if not request.is_completed()]
-    for request in [*pending, *sends.values()]:
-        request.wait()
-    return records, losses
+        marks.append((kind, i, start, now()))
+        post(plan[k + 1], outgoing)
+        in_transit[:] = [(t, works) for t, works in in_transit
+                         if not all(work.is_completed() for work in works)]
+    for _, works in in_transit:
+        for work in works:
+            work.wait()
+    if cuda:
+        torch.cuda.synchronize(device)
+
+        def clock(event):
+            return origin_time + origin.elapsed_time(event) / 1e3
+
+        marks = [(kind, i, clock(a), clock(b)) for kind, i, a, b in marks]
+    return marks, [float(loss) for loss in losses]
 
 
 # ---------------------------------------------------------------- worker jobs
@@ -731,21 +821,41 @@ def page_job(rank: int, world_size: int, config: dict) -> dict:
         elif part == "mesh":
             out[part] = mesh_part(config)
         out[f"{part} seconds"] = time.perf_counter() - start
+    out["device"] = str(_device(config))
     return out
+
+
+def stage_layers(layers: int, stages: int, layers_per_stage: Optional[Sequence[int]] = None
+                 ) -> List[range]:
+    """The layers of each stage: ``layers_per_stage[s]`` consecutive layers for stage ``s``, or,
+    without it, an equal share for each (which needs ``layers`` divisible by ``stages``)."""
+    if layers_per_stage is None:
+        if layers % stages:
+            raise ValueError(f"{layers} layers do not split evenly over {stages} stages: "
+                             "give layers_per_stage")
+        layers_per_stage = [layers // stages] * stages
+    if len(layers_per_stage) != stages or sum(layers_per_stage) != layers:
+        raise ValueError(f"layers_per_stage {list(layers_per_stage)} must give each of the "
+                         f"{stages} stages its layers, {layers} in all")
+    if min(layers_per_stage) < 1:
+        raise ValueError("every stage needs at least one layer")
+    bounds = [0]
+    for count in layers_per_stage:
+        bounds.append(bounds[-1] + count)
+    return [range(a, b) for a, b in zip(bounds, bounds[1:])]
 
 
 def _stages(config: dict, device: torch.device) -> Tuple[nn.Sequential, nn.Sequential]:
     """The whole model (a stack of Linear + ReLU layers, the same on every process) and this
-    process's stage of it: an equal share of consecutive layers."""
+    process's stage of it: its consecutive layers by :func:`stage_layers`
+    (``config["layers_per_stage"]`` if given, else an equal share)."""
     torch.manual_seed(0)
     width, layers = config["width"], config["layers"]
     model = nn.Sequential(*[nn.Sequential(nn.Linear(width, width), nn.ReLU())
                             for _ in range(layers)]).to(device)
     p, rank = dist.get_world_size(), dist.get_rank()
-    if layers % p:
-        raise ValueError(f"{layers} layers do not split evenly over {p} stages")
-    per = layers // p
-    stage = nn.Sequential(*[model[i] for i in range(rank * per, (rank + 1) * per)])
+    mine = stage_layers(layers, p, config.get("layers_per_stage"))[rank]
+    stage = nn.Sequential(*[model[i] for i in mine])
     return model, stage
 
 

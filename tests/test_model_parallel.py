@@ -68,6 +68,79 @@ def test_a_schedule_that_waits_for_itself_is_refused():
         mp.simulate(bad, [1, 1], [1, 1])
 
 
+def _rendezvous(plans):
+    """Run every stage's batches of transfers in order, each stage blocked on its current batch,
+    in the strictest model of NCCL: no buffering, so a transfer happens only while the stage at
+    the other end has the matching transfer in *its* current batch; a batch is done when all its
+    transfers have happened. Returns True if every stage gets through its plan."""
+    queues = [[batch for batches in plan for batch in batches] for plan in plans]
+    heads, done = [0] * len(queues), [set() for _ in queues]
+    progress = True
+    while progress:
+        progress = False
+        for s, queue in enumerate(queues):
+            if heads[s] == len(queue):
+                continue
+            for post in queue[heads[s]]:
+                direction, kind, i, peer = post
+                other = ("recv" if direction == "send" else "send", kind, i, s)
+                if heads[peer] < len(queues[peer]) and other in queues[peer][heads[peer]]:
+                    done[s].add(post)
+                    done[peer].add(other)
+        for s, queue in enumerate(queues):
+            while heads[s] < len(queue) and all(post in done[s] for post in queue[heads[s]]):
+                heads[s] += 1
+                progress = True
+    return all(heads[s] == len(queue) for s, queue in enumerate(queues))
+
+
+@pytest.mark.parametrize("name", list(mp.SCHEDULES))
+@pytest.mark.parametrize("p, m", [(2, 1), (2, 4), (3, 5), (4, 2), (4, 8), (8, 16)])
+def test_the_batched_transfers_never_wait_for_each_other(name, p, m):
+    schedule = mp.SCHEDULES[name](p, m)
+    plans = [mp.p2p_plan(ops, s, p) for s, ops in enumerate(schedule)]
+    assert _rendezvous(plans)
+    for s, (ops, plan) in enumerate(zip(schedule, plans)):
+        assert len(plan) == len(ops) + 1
+        posts = [post for batches in plan for batch in batches for post in batch]
+        # every micro-batch crosses each link once each way, in the schedule's order
+        assert [(k, i) for d, k, i, _ in posts if d == "send"] == [
+            op for op in ops if (op[0] == "F" and s < p - 1) or (op[0] == "B" and s > 0)]
+        for k, op in enumerate(ops):  # an operation's input is posted before it runs
+            needed = mp._recv_of(op, s, p)
+            if needed:
+                assert needed in [post for batches in plan[:k + 1]
+                                  for batch in batches for post in batch]
+
+
+def test_unbatched_sends_would_deadlock_1f1b_without_buffering():
+    # the pairs that p2p_plan batches, posted one at a time: stage 0 sends F1 while stage 1
+    # sends B0, and neither has posted the receive the other waits for
+    plans = [[[[post] for batch in batches for post in batch] for batches in mp.p2p_plan(ops, s, 2)]
+             for s, ops in enumerate(mp.one_f_one_b_schedule(2, 4))]
+    assert not _rendezvous(plans)
+
+
+def test_1f1b_pairs_a_send_with_the_next_receive_from_the_same_neighbour():
+    plan = mp.p2p_plan(mp.one_f_one_b_schedule(4, 8)[1], 1, 4)
+    # stage 1: F0 F1 F2 B0 ...; after F2, activations out to stage 2 and gradient 0 back
+    assert plan[3] == [[("send", "F", 2, 2), ("recv", "B", 0, 2)]]
+    # after B0: its gradient to stage 0 and the activations of micro-batch 3 from it
+    assert plan[4] == [[("send", "B", 0, 0), ("recv", "F", 3, 0)]]
+    # warm-up: different neighbours, the send first
+    assert plan[1] == [[("send", "F", 0, 2)], [("recv", "F", 1, 0)]]
+    assert plan[0] == [[("recv", "F", 0, 0)]] and plan[-1] == [[("send", "B", 7, 0)]]
+
+
+def test_stage_layers_split_equally_or_as_asked():
+    assert mp.stage_layers(8, 4) == [range(0, 2), range(2, 4), range(4, 6), range(6, 8)]
+    assert mp.stage_layers(7, 2, [4, 3]) == [range(0, 4), range(4, 7)]
+    with pytest.raises(ValueError, match="layers_per_stage"):
+        mp.stage_layers(7, 2)
+    with pytest.raises(ValueError):
+        mp.stage_layers(7, 2, [4, 4])
+
+
 # ---------------------------------------------------------------- counting
 def test_classify_reads_c10d_and_functional_names():
     x = torch.zeros(6)
@@ -156,9 +229,10 @@ def test_the_mesh_makes_rows_and_columns_of_processes(page_results):
                           "allreduce": dp_ranks}
 
 
-def test_the_pipeline_computes_the_whole_model_s_gradients():
-    config = dict(width=8, layers=4, micro=3, micro_batch=4, schedules=["GPipe", "1F1B"],
-                  repeat=1)
+@pytest.mark.parametrize("split", [None, [2, 1]])
+def test_the_pipeline_computes_the_whole_model_s_gradients(split):
+    config = dict(width=8, layers=4 if split is None else 3, micro=3, micro_batch=4,
+                  schedules=["GPipe", "1F1B"], repeat=1, layers_per_stage=split)
     results = run_workers(mp.pipeline_job, 2, args=(config,), timeout=120, threads=1)
     last = results[-1]
     for result in results:
@@ -170,3 +244,28 @@ def test_the_pipeline_computes_the_whole_model_s_gradients():
         assert result["schedules"]["1F1B"]["in_flight"] == 2 - result["rank"]
     for run in last["schedules"].values():
         assert run["loss"] == pytest.approx(last["reference_loss"], rel=1e-5)
+        for kind, micro, start, end in run["runs"][0]:
+            assert start <= end
+
+
+# ---------------------------------------------------------------- the page's verdict rules
+def _rule(name):
+    from tests.test_book_claims import CLAIMS
+    return next(rule for page, verdict, rule, _ in CLAIMS
+                if page == "chapters/model-parallelism" and verdict == name)
+
+
+@pytest.mark.parametrize("gap, words", [(3.0, "within 5"), (-4.9, "within 5"),
+                                        (7.0, "above what"), (-7.0, "below what")])
+def test_the_simulator_verdict_reads_the_sign_of_the_gap(gap, words):
+    verdict = _rule("pipe_sim_verdict")({"pipe_sim_gap": gap})
+    assert words in verdict
+    # only idle time beyond the prediction is blamed on the transfers
+    assert ("transfers" in verdict) == (gap > 5)
+
+
+@pytest.mark.parametrize("ratio, verdict", [(1.005, "the same time, within 1%"),
+                                            (1.08, "longer with GPipe"),
+                                            (0.9, "longer with 1F1B")])
+def test_the_shared_times_verdict(ratio, verdict):
+    assert _rule("same_time_verdict")({"same_time_ratio": ratio}) == verdict
