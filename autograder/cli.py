@@ -302,9 +302,10 @@ def run_serve(args: argparse.Namespace) -> int:
     """Read the course's roster and rules (a clear error if they are wrong), then issue
     tokens or serve, grading on a :class:`~autograder.grade.LocalRunner` as ``grade`` does."""
     from .service_app import ConfigError, Service
+    from .service_db import DatabaseError
     try:
         service = Service(args.course, db=args.db, gradebook=args.gradebook)
-    except (ConfigError, FileNotFoundError) as error:
+    except (ConfigError, DatabaseError, FileNotFoundError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     if args.issue_tokens is not None:
