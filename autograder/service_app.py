@@ -206,6 +206,7 @@ class Service:
                     "name": test["name"], "status": test.get("status", "not counted"),
                     "outcome": test.get("extra_data", {}).get("outcome", ""),
                     "score": test["score"], "max_score": test["max_score"],
+                    "points": test.get("extra_data", {}).get("points", test["max_score"]),
                     "output": test.get("output", ""),
                     "hidden": test.get("visibility") != "visible"})
         return data
@@ -260,7 +261,8 @@ class Service:
         self.graders.start()
         address = sockets[0].getsockname()
         print(f"Serving {self.course.root} at http://{address[0]}:{address[1]}/ "
-              f"(database {self.db}; {self.graders.jobs} grader(s)). Open it with the sign-in "
+              f"(database {self.db}; {self.graders.jobs} grader(s) on "
+              f"{self.graders.runner.describe()}). Open it with the sign-in "
               "link that `python -m autograder serve --issue-tokens` printed for you.",
               flush=True)
         stopped = asyncio.Event()

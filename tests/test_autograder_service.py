@@ -299,7 +299,7 @@ class Server:
                 raise AssertionError("the server did not start: " + self.errors())
             found = re.search(r"at (http://127\.0\.0\.1:\d+)/", line)
             if found:
-                self.url = found.group(1)
+                self.url, self.banner = found.group(1), line
                 return
 
     def errors(self) -> str:
@@ -358,6 +358,24 @@ def queued_rows(server) -> list:
         return db.execute("SELECT id, student, path FROM submissions ORDER BY id").fetchall()
 
 
+def assert_phases_shown(page: str, db: Path) -> None:
+    """The instructor page shows each graded upload's seconds per grading phase: all of
+    them, adding up to no more than the seconds it took."""
+    from autograder.grade import PHASES
+    with sqlite3.connect(db) as connection:
+        graded = connection.execute("SELECT id, seconds FROM submissions WHERE status = "
+                                    "'graded' AND state = 'done'").fetchall()
+    assert graded
+    for submission_id, seconds in graded:
+        row = re.search(rf"<tr><td>{submission_id}</td>(.*?)</tr>", page).group(1)
+        cells = re.findall(r"<td>(.*?)</td>", row)
+        assert float(cells[9]) == seconds  # graded in (s), then its phases
+        shown = dict(re.findall(r"([\w ]+): (\d+\.\d\d)", cells[10]))
+        assert tuple(shown) == PHASES, cells[10]
+        assert sum(map(float, shown.values())) <= seconds + 0.01, (shown, seconds)
+        assert all(float(value) >= 0 for value in shown.values())
+
+
 def with_rules(tmp_path_factory, name: str) -> Path:
     """A copy of the fixture course with two more assignments (copies of demo): ``closed``
     (its deadline passed, late uploads refused) and ``late`` (a penalty per day)."""
@@ -409,7 +427,10 @@ def test_submit_uploads_waits_and_prints_the_feedback(service, alan_submitted):
     assert ["PASS", "test_mean", "1/1"] in lines
     assert ["FAIL", "test_partial", "1/2"] in lines
     assert "squares(3) gave [1, 4, 9], expected [0, 1, 4]" in out
-    assert "5 of 8 points." in out and "skipped on the CPU" in out
+    assert "5 of 8 points." in out and "1 GPU-only test worth 1 point skipped on the CPU" in out
+    # the GPU-only test: worth a point, not at stake on this CPU grader (as `check` shows it)
+    assert ["SKIPPED", "test_squares_gpu", "-/1"] in lines, out
+    assert "needs a CUDA GPU and this run used the CPU, so its points are not at stake" in out
     assert not any(code in out for code in HIDDEN_CODE)
     # Stored per learner per attempt, and graded once.
     uploads = server.course / "service-files" / "uploads" / "alan" / "demo" / "1"
@@ -449,6 +470,9 @@ def test_a_learner_hands_in_through_the_html_form(service):
     assert '<span class="PASS">PASS</span></td><td>test_mean</td><td>1/1' in text
     assert '<span class="FAIL">FAIL</span></td><td>test_mean_hidden (hidden test)</td>' in text
     assert "<b>6/8</b> points" in text
+    assert ('<span class="SKIPPED">SKIPPED</span></td><td>test_squares_gpu</td><td>-/1</td>'
+            '<td><pre>Skipped: this test needs a CUDA GPU and this run used the CPU, so its '
+            'points are not at stake.</pre>') in text
     assert not any(code in text for code in HIDDEN_CODE)
     with browser.open(where + "/notebook", timeout=60) as page:
         executed = nbformat.reads(page.read().decode(), as_version=4)
@@ -599,6 +623,7 @@ def test_the_instructor_page_grades_csv_gradebook_and_regrade(service, alan_subm
     assert status == 200 and "<th>learner</th><th>closed</th><th>demo</th><th>late</th>" in page
     assert re.search(r"<td>alan</td><td></td><td><a href=\"/submissions/[\w-]+\">8/8</a> graded", page)
     assert "grades.csv" in page and 'action="/instructor/regrade"' in page
+    assert_phases_shown(page, server.course / "service.db")
     status, body = request(f"{server.url}/instructor/grades.csv", ada)
     rows = list(csv.DictReader(io.StringIO(body.decode())))
     from autograder.report import CSV_COLUMNS
