@@ -64,7 +64,6 @@ class SubmissionResult:
     peak_processes: int = 0          # its most processes and threads at once (0: unknown)
     phases: Dict[str, float] = field(default_factory=dict)  # seconds of each PHASES step run
 
-
     @property
     def score(self) -> float:
         return round(sum(t.score for t in self.tests if t.counts), 6)

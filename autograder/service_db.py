@@ -17,8 +17,8 @@ one made by a later service is refused with :class:`DatabaseError`.
 from __future__ import annotations
 
 import contextlib
-import json
 import hashlib
+import json
 import secrets
 import sqlite3
 import threading
