@@ -117,6 +117,14 @@ def parser() -> argparse.ArgumentParser:
                             "%(default)s here)")
     serve.add_argument("--device", choices=DEVICE_CHOICES, default=default("device"),
                        help="as for grade")
+    serve.add_argument("--scheduler", default=None, metavar="ADDRESS",
+                       help="grade on the workers of the Dask scheduler at ADDRESS, as grade "
+                            "--scheduler does (--jobs is not used: as many uploads at once as "
+                            "the workers had threads when the service started). The course "
+                            "and the service's files must be at the same paths on every "
+                            "machine (see README)")
+    serve.add_argument("--retries", type=_positive(int, zero=True), default=RETRIES,
+                       metavar="N", help="with --scheduler: as for grade (default %(default)s)")
     serve.add_argument("--profile", choices=PROFILE_CHOICES, default=default("profile"),
                        help="as for grade")
     add_time_limits(serve)
@@ -309,16 +317,18 @@ def run_check(args: argparse.Namespace) -> int:
 
 def run_serve(args: argparse.Namespace) -> int:
     """Read the course's roster and rules (a clear error if they are wrong), then issue
-    tokens or serve, grading on a :class:`~autograder.grade.LocalRunner` as ``grade`` does."""
+    tokens or serve, grading as ``grade`` does: on a :class:`~autograder.grade.LocalRunner`,
+    or with ``--scheduler`` on a Dask cluster (:class:`~autograder.cluster.Cluster`)."""
     from .service_app import ConfigError, Service
     if args.jupyterhub and args.issue_tokens is not None:
         print("error: --issue-tokens is for the standalone sign-in; on a JupyterHub the hub "
               "signs people in", file=sys.stderr)
         return 2
+    from .service_db import DatabaseError
     try:
         service = Service(args.course, db=args.db, gradebook=args.gradebook,
                           hub=args.jupyterhub)
-    except (ConfigError, FileNotFoundError) as error:
+    except (ConfigError, DatabaseError, FileNotFoundError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     if args.issue_tokens is not None:
@@ -331,6 +341,16 @@ def run_serve(args: argparse.Namespace) -> int:
         for person, token in service.signin.issue(args.issue_tokens or None):
             print(f"{person.id}\t{person.role}\t{base}/signin?token={token}")
         return 0
+    if args.scheduler:
+        from .cluster import Cluster, ClusterError
+        try:
+            with Cluster(args.scheduler, retries=args.retries, kernel=args.kernel,
+                         notebooks=service.notebooks()) as cluster:
+                options = cluster.resolve(grade_options(args, hidden=service.hidden()))
+                return service.run(cluster, options, args.host, args.port)
+        except ClusterError as error:  # unreachable, no workers, workers that differ
+            print(f"error: {error}", file=sys.stderr)
+            return 2
     spawner = _open_spawner(args, service.notebooks())
     from .grade import LocalRunner
     with LocalRunner(args.jobs, args.kernel, spawner=spawner) as runner:

@@ -216,6 +216,7 @@ class Service:
                     "name": test["name"], "status": test.get("status", "not counted"),
                     "outcome": test.get("extra_data", {}).get("outcome", ""),
                     "score": test["score"], "max_score": test["max_score"],
+                    "points": test.get("extra_data", {}).get("points", test["max_score"]),
                     "output": test.get("output", ""),
                     "hidden": test.get("visibility") != "visible"})
         return data
@@ -291,7 +292,8 @@ class Service:
                "Open it with the sign-in link that `python -m autograder serve --issue-tokens` "
                "printed for you.")
         print(f"Serving {self.course.root} at http://{address[0]}:{address[1]}"
-              f"{self.signin.prefix} (database {self.db}; {self.graders.jobs} grader(s)). {how}",
+              f"{self.signin.prefix} (database {self.db}; {self.graders.jobs} grader(s) on "
+              f"{self.graders.runner.describe()}). {how}",
               flush=True)
         stopped = asyncio.Event()
         loop = asyncio.get_running_loop()

@@ -19,6 +19,7 @@ import tornado.web
 from .options import SERVICE_LONG_POLL, SERVICE_REFRESH
 from .service_auth import Refused, bearer
 from .service_db import DONE, GRADING, QUEUED, when
+from .submit import mark as test_mark, test_points
 
 STYLE = ("body{font-family:system-ui,sans-serif;max-width:70rem;margin:1rem auto;padding:0 1rem}"
          "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:.2rem .5rem;"
@@ -43,6 +44,11 @@ def table(header: List[str], rows: List[List[str]]) -> str:
 
 def points(value) -> str:
     return "" if value is None else f"{value:g}"
+
+
+def phases_html(phases: dict) -> str:
+    """Seconds per grading phase, one a line (none known: graded before they were kept)."""
+    return "<br>".join(f"{escape(name)}: {seconds:.2f}" for name, seconds in phases.items())
 
 
 class Base(tornado.web.RequestHandler):
@@ -212,10 +218,10 @@ def feedback_html(data: dict, prefix: str = "/") -> str:
              f"<p>{escape(data['message'] or '')}</p>"]
     rows = []
     for test in data["tests"]:
-        mark = {"passed": "PASS", "failed": "FAIL"}.get(test["status"], test["outcome"].upper())
+        mark = test_mark(test)
         rows.append([f'<span class="{mark}">{escape(mark)}</span>',
                      escape(test["name"]) + (" (hidden test)" if test["hidden"] else ""),
-                     f"{points(test['score'])}/{points(test['max_score'])}",
+                     escape(test_points(test)),
                      f"<pre>{escape(test['output'] or '')}</pre>"])
     parts.append(table(["result", "test", "points", "message"], rows))
     if data.get("has_notebook"):
@@ -307,7 +313,8 @@ class Instructor(Base):
                           r.state, escape(r.status or ""),
                           f"{points(r.counted_score)}/{points(r.max_score)}"
                           if r.state == DONE else "", points(r.penalty) if r.penalty else "",
-                          when(r.created), waited, points(r.seconds), str(r.gradings), links])
+                          when(r.created), waited, points(r.seconds),
+                          phases_html(r.phase_seconds), str(r.gradings), links])
         body = (signed_in_as(self)
                 + f'<p><a href="{self.url("instructor/grades.csv")}">grades.csv</a> (the '
                 'attempts that '
@@ -323,7 +330,7 @@ class Instructor(Base):
                 + "<h2>Every upload</h2>"
                 + table(["#", "learner", "assignment", "attempt", "state", "status", "score",
                          "late penalty", "uploaded", "waited (s)", "graded in (s)",
-                         "gradings", ""], every))
+                         "of which (s)", "gradings", ""], every))
         self.finish(page("Instructor: submissions", body,
                          refresh=SERVICE_REFRESH if queue else None))
 

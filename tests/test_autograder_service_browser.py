@@ -126,7 +126,8 @@ def test_learners_hand_in_in_the_browser_and_the_instructor_gets_the_grades(
                      "explain": "MANUAL"}, first["rows"]
     tests = {row[1]: row[2] for row in first["rows"]}
     assert tests["test_mean"] == "1/1" and tests["test_squares (hidden test)"] == "2/2"
-    assert sum(float(p.split("/")[0]) for p in tests.values()) == 8.0
+    assert tests["test_squares_gpu"] == "-/1"  # worth a point, not at stake on the CPU
+    assert sum(float(p.split("/")[0]) for p in tests.values() if p[0] != "-") == 8.0
 
     # Then a wrong one: the failing tests and what they say.
     browser.open(server.url + "/")
