@@ -50,7 +50,7 @@ class ServiceProcess:
                 raise RuntimeError("the service did not start:\n" + self.errors()) from None
             found = re.search(r"at (http://127\.0\.0\.1:\d+)/", line)
             if found:
-                self.url = found.group(1)
+                self.url, self.banner = found.group(1), line  # banner: what it says it serves
                 return
 
     def errors(self) -> str:

@@ -16,15 +16,10 @@ import hashlib
 import http.cookiejar
 import io
 import json
-import os
-import queue
 import re
 import shutil
 import signal
 import sqlite3
-import subprocess
-import sys
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -39,6 +34,8 @@ from autograder.service_config import ConfigError, Rules, read_roster, read_rule
 from autograder.service_db import DONE, GRADING, QUEUED, Store, fair_order
 from autograder.submit import multipart
 from tests.autograder_fixtures.submissions import COURSE, GOOD_SQUARES, answered, write
+from tests import helpers
+from tests.service_server import ServiceProcess, issue_tokens
 
 ROOT = Path(__file__).resolve().parent.parent
 OFF_BY_ONE = "def squares(n):\n    return [k * k for k in range(1, n + 1)]"
@@ -259,9 +256,7 @@ def test_serve_and_submit_options():
 # ------------------------------------------------------------ the real server, driven
 
 def autograder(*args, timeout=300):
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.run([sys.executable, "-m", "autograder", *map(str, args)], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=timeout)
+    return helpers.autograder(*args, timeout=timeout)
 
 
 def until(condition, timeout=120.0, what="the condition"):
@@ -275,52 +270,15 @@ def until(condition, timeout=120.0, what="the condition"):
     raise AssertionError(f"timed out waiting for {what}")
 
 
-class Server:
-    """``python -m autograder serve`` on a free port of 127.0.0.1, as a process of its own."""
+class Server(ServiceProcess):
+    """The service as these tests start it: one grader, on the CPU, 30 s per cell."""
 
     def __init__(self, course: Path, *extra):
-        self.course = course
-        self.log = open(course / f"server-{time.monotonic_ns()}.log", "w")
-        env = dict(os.environ, PYTHONPATH=str(ROOT))
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "autograder", "serve", "--course", str(course),
-             "--port", "0", "--jobs", "1", "--device", "cpu", "--cell-timeout", "30",
-             *extra], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=self.log, text=True,
-            start_new_session=True)
-        lines: queue.Queue = queue.Queue()
-        threading.Thread(target=lambda: [lines.put(line) for line in self.process.stdout],
-                         daemon=True).start()
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
-            except queue.Empty:
-                self.kill()
-                raise AssertionError("the server did not start: " + self.errors())
-            found = re.search(r"at (http://127\.0\.0\.1:\d+)/", line)
-            if found:
-                self.url, self.banner = found.group(1), line
-                return
-
-    def errors(self) -> str:
-        self.log.flush()
-        return Path(self.log.name).read_text()[-3000:]
-
-    def kill(self, sig=signal.SIGKILL) -> None:
-        """The server and everything it started (fork server, kernels), as a crash would."""
-        try:
-            os.killpg(self.process.pid, sig)
-        except ProcessLookupError:
-            pass
-        self.process.wait(timeout=60)
-        self.log.close()
+        super().__init__(course, "--device", "cpu", "--cell-timeout", "30", *extra, jobs=1,
+                         start_timeout=120)
 
 
-def tokens(course: Path) -> dict:
-    done = autograder("serve", "--course", course, "--issue-tokens")
-    assert done.returncode == 0, done.stderr
-    return {line.split("\t")[0]: line.split("\t")[2].split("token=")[1]
-            for line in done.stdout.splitlines() if not line.startswith("#")}
+tokens = issue_tokens
 
 
 def request(url, token=None, data=None, headers=None, method=None):
