@@ -61,15 +61,13 @@ def time_it(fn: Callable[[], object], *, repeat: int = 5, warmup: int = 1,
     return times
 
 
-def compare(candidates: Dict[str, Callable[[], object]], *, repeat: int = 5,
-            warmup: int = 1, device: Optional[torch.device] = None) -> pd.DataFrame:
-    """Time the candidates side by side and tabulate them; the first one is the baseline.
-
-    Each of ``repeat`` rounds times every candidate once, in turn, so that load
-    from other programs hits all of them alike rather than one whole series.
-    """
-    if not candidates:
-        raise ValueError("compare() needs at least one candidate")
+def interleaved_times(candidates: Dict[str, Callable[[], object]], repeat: int,
+                      device: Optional[torch.device] = None,
+                      warmup: int = 1) -> Dict[str, List[float]]:
+    """Seconds of each run of every candidate: ``warmup`` untimed calls of each, then
+    ``repeat`` rounds in each of which every candidate runs once, in turn, so that load from
+    other programs hits all of them alike rather than one whole series. The runs come back
+    raw, so that their spread can be read as well as :func:`timing_table`'s summary."""
     for fn in candidates.values():
         for _ in range(warmup):
             fn()
@@ -77,7 +75,16 @@ def compare(candidates: Dict[str, Callable[[], object]], *, repeat: int = 5,
     for _ in range(repeat):
         for name, fn in candidates.items():
             times[name] += time_it(fn, repeat=1, warmup=0, device=device)
-    return timing_table(times)
+    return times
+
+
+def compare(candidates: Dict[str, Callable[[], object]], *, repeat: int = 5,
+            warmup: int = 1, device: Optional[torch.device] = None) -> pd.DataFrame:
+    """Time the candidates side by side (:func:`interleaved_times`) and tabulate them; the
+    first one is the baseline."""
+    if not candidates:
+        raise ValueError("compare() needs at least one candidate")
+    return timing_table(interleaved_times(candidates, repeat, device=device, warmup=warmup))
 
 
 def timing_table(times: Dict[str, List[float]]) -> pd.DataFrame:

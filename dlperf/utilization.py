@@ -6,8 +6,8 @@ The page ``chapters/utilization-memory.md`` uses this module for:
   ``Linear`` layer or an explicit ``matmul`` (so that ``FlopCounterMode`` sees them all);
 * :func:`count_flops` and :func:`transformer_flops_per_token`, the counted FLOPs of a step
   and the rule they are checked against (6N plus PaLM's attention term);
-* :func:`interleaved_times` and :func:`fastest_spread`, timings of several variants run in
-  turn, and how well their fastest runs reproduce;
+* :func:`~dlperf.timing.interleaved_times` (imported here) and :func:`fastest_spread`,
+  timings of several variants run in turn, and how well their fastest runs reproduce;
 * :func:`mfu`, :func:`ring_allreduce_seconds`, :func:`fit_alpha_beta`,
   :func:`min_tokens_to_hide` and :func:`bandwidth_to_hide`, the arithmetic of utilisation
   and of hiding a gradient allreduce behind the backward pass;
@@ -32,6 +32,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F
+
+from .timing import interleaved_times  # noqa: F401 (the page times its variants with it)
 
 
 # ---------------------------------------------------------------- the model
@@ -146,24 +148,6 @@ def mfu(tokens_per_second: float, flops_per_token: float, peak_flops: float) -> 
 
 
 # ---------------------------------------------------------------- timing side by side
-def interleaved_times(candidates: Dict[str, Callable[[], object]], repeat: int,
-                      device: Optional[torch.device] = None, warmup: int = 1) -> Dict[str, List[float]]:
-    """Seconds of each run of every candidate: ``warmup`` untimed calls of each, then ``repeat``
-    rounds in each of which every candidate runs once, in turn (as ``dlperf.compare`` does, so
-    that load from other programs hits all of them alike). The runs are returned raw, so that
-    their spread can be read as well as ``dlperf.timing_table(...)``'s medians and minima."""
-    from .timing import time_it
-
-    for fn in candidates.values():
-        for _ in range(warmup):
-            fn()
-    times: Dict[str, List[float]] = {name: [] for name in candidates}
-    for _ in range(repeat):
-        for name, fn in candidates.items():
-            times[name] += time_it(fn, repeat=1, warmup=0, device=device)
-    return times
-
-
 def fastest_spread(seconds: Sequence[float]) -> float:
     """How far the second-fastest run lies above the fastest, as a fraction of the fastest: how
     well a series reproduces its fastest run. 0 for fewer than two runs."""
