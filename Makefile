@@ -10,7 +10,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: help setup book instructor-book gpu-status gpu-kit browser test check clean
+.PHONY: help setup book instructor-book gpu-status gpu-kit browser hub-proxy test check clean
 
 help:
 	@echo "make book             set up .venv (once) and build the book into _build/html, executing every chapter"
@@ -19,7 +19,8 @@ help:
 	@echo "make gpu-kit          download into _build/gpu-kit the wheels an offline GPU machine needs for"
 	@echo "                      scripts/gpu-run (the chapters, the grader and the GPU tests there)"
 	@echo "make test             set up .venv (once) and run the whole test suite (includes a real book build"
-	@echo "                      and a headless Chromium walking it; Chromium is installed with apt-get if missing)"
+	@echo "                      and a headless Chromium walking it; Chromium is installed with apt-get if missing,"
+	@echo "                      and JupyterHub's proxy with npm into _build/hub-proxy for the service's hub test)"
 	@echo "make check            the everyday tier: unit tests and the fast grader tests, no book build and no"
 	@echo "                      real assignment graded (pytest -m 'not integration'; a few minutes)"
 	@echo "make clean            remove _build (the built book and the execution cache)"
@@ -60,7 +61,13 @@ gpu-kit: setup
 browser: setup
 	@$(PY) -m tests.browser --install
 
-test: setup browser
+# npm's configurable-http-proxy, JupyterHub's proxy, for tests/test_autograder_service_hub.py:
+# installed into _build/hub-proxy when missing and npm is there; otherwise a warning, and that
+# test is skipped.
+hub-proxy: setup
+	@$(PY) -m tests.hub --install
+
+test: setup browser hub-proxy
 	@echo "==> Running the test suite"
 	$(PY) -m pytest
 

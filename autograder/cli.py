@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -85,7 +86,8 @@ def parser() -> argparse.ArgumentParser:
         "serve", help="a web service where learners hand in notebooks and get feedback",
         description="Serve the course in COURSE (default: here): learners sign in, upload a "
                     "notebook and get its feedback; instructors see every grade. People come "
-                    "from COURSE/roster.toml, rules from COURSE/service.toml (see README).")
+                    "from COURSE/roster.toml, rules from COURSE/service.toml (see README); with "
+                    "--jupyterhub, from the JupyterHub that runs it as one of its services.")
     serve.add_argument("--course", type=Path, default=Path("."), metavar="DIR",
                        help="the nbgrader course directory (default: the current directory)")
     serve.add_argument("--host", default=SERVICE_HOST,
@@ -100,6 +102,10 @@ def parser() -> argparse.ArgumentParser:
                             "COURSE/gradebook.db, where nbgrader export reads)")
     serve.add_argument("--no-gradebook", dest="gradebook", action="store_const", const=None,
                        help="do not write scores to nbgrader's gradebook")
+    serve.add_argument("--jupyterhub", action="store_true",
+                       help="run as a service of the JupyterHub that started it: hub users are "
+                            "learners, members of a hub group instructors, no roster; listens "
+                            "on the service's url (README: Running the submission service)")
     serve.add_argument("--issue-tokens", nargs="*", default=None, metavar="ID",
                        help="print a new secret sign-in link for each person of the roster "
                             "(or the IDs given), replacing their old ones, and exit")
@@ -111,6 +117,14 @@ def parser() -> argparse.ArgumentParser:
                             "%(default)s here)")
     serve.add_argument("--device", choices=DEVICE_CHOICES, default=default("device"),
                        help="as for grade")
+    serve.add_argument("--scheduler", default=None, metavar="ADDRESS",
+                       help="grade on the workers of the Dask scheduler at ADDRESS, as grade "
+                            "--scheduler does (--jobs is not used: as many uploads at once as "
+                            "the workers had threads when the service started). The course "
+                            "and the service's files must be at the same paths on every "
+                            "machine (see README)")
+    serve.add_argument("--retries", type=_positive(int, zero=True), default=RETRIES,
+                       metavar="N", help="with --scheduler: as for grade (default %(default)s)")
     serve.add_argument("--profile", choices=PROFILE_CHOICES, default=default("profile"),
                        help="as for grade")
     add_time_limits(serve)
@@ -123,8 +137,11 @@ def parser() -> argparse.ArgumentParser:
     submit.add_argument("notebook", type=Path, metavar="NOTEBOOK", help="your notebook")
     submit.add_argument("--to", required=True, metavar="URL",
                         help="the service's address, e.g. http://127.0.0.1:8765")
-    submit.add_argument("--token", required=True, metavar="TOKEN",
-                        help="your secret sign-in token (the token=... of your link)")
+    submit.add_argument("--token", default=os.environ.get("JUPYTERHUB_API_TOKEN") or None,
+                        metavar="TOKEN",
+                        help="your secret sign-in token (the token=... of your link), or a "
+                             "JupyterHub API token (default: $JUPYTERHUB_API_TOKEN, set in "
+                             "your server on a hub)")
     submit.add_argument("--assignment", default="", metavar="NAME",
                         help="the assignment (default: the one with a notebook of that name)")
     submit.add_argument("--wait", type=_positive(float), default=SERVICE_SUBMIT_WAIT,
@@ -300,11 +317,18 @@ def run_check(args: argparse.Namespace) -> int:
 
 def run_serve(args: argparse.Namespace) -> int:
     """Read the course's roster and rules (a clear error if they are wrong), then issue
-    tokens or serve, grading on a :class:`~autograder.grade.LocalRunner` as ``grade`` does."""
+    tokens or serve, grading as ``grade`` does: on a :class:`~autograder.grade.LocalRunner`,
+    or with ``--scheduler`` on a Dask cluster (:class:`~autograder.cluster.Cluster`)."""
     from .service_app import ConfigError, Service
+    if args.jupyterhub and args.issue_tokens is not None:
+        print("error: --issue-tokens is for the standalone sign-in; on a JupyterHub the hub "
+              "signs people in", file=sys.stderr)
+        return 2
+    from .service_db import DatabaseError
     try:
-        service = Service(args.course, db=args.db, gradebook=args.gradebook)
-    except (ConfigError, FileNotFoundError) as error:
+        service = Service(args.course, db=args.db, gradebook=args.gradebook,
+                          hub=args.jupyterhub)
+    except (ConfigError, DatabaseError, FileNotFoundError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     if args.issue_tokens is not None:
@@ -317,6 +341,16 @@ def run_serve(args: argparse.Namespace) -> int:
         for person, token in service.signin.issue(args.issue_tokens or None):
             print(f"{person.id}\t{person.role}\t{base}/signin?token={token}")
         return 0
+    if args.scheduler:
+        from .cluster import Cluster, ClusterError
+        try:
+            with Cluster(args.scheduler, retries=args.retries, kernel=args.kernel,
+                         notebooks=service.notebooks()) as cluster:
+                options = cluster.resolve(grade_options(args, hidden=service.hidden()))
+                return service.run(cluster, options, args.host, args.port)
+        except ClusterError as error:  # unreachable, no workers, workers that differ
+            print(f"error: {error}", file=sys.stderr)
+            return 2
     spawner = _open_spawner(args, service.notebooks())
     from .grade import LocalRunner
     with LocalRunner(args.jobs, args.kernel, spawner=spawner) as runner:
@@ -328,6 +362,10 @@ def run_submit(args: argparse.Namespace) -> int:
     from .submit import SubmitError, all_passed, render, upload, wait
     if not args.notebook.is_file():
         print(f"error: {args.notebook} is not a file", file=sys.stderr)
+        return 2
+    if not args.token:
+        print("error: no token: give --token (the token=... of your sign-in link, or a "
+              "JupyterHub token), or run it in your JupyterHub server", file=sys.stderr)
         return 2
     try:
         queued = upload(args.notebook, args.to, args.token, args.assignment)

@@ -51,6 +51,8 @@ class Execution:
     message: str   # one line for the grades table; empty when completed
     peak_memory: int = 0  # bytes: the most the kernel and its processes held at once
     peak_processes: int = 0  # the most processes and threads it had at once (0: unknown)
+    kernel_start: float = 0.0  # seconds of ``seconds`` until the kernel answered (all of
+    #                            them if it never did); the rest ran the cells and stopped it
 
     @property
     def completed(self) -> bool:
@@ -214,6 +216,7 @@ def execute(nb: nbformat.NotebookNode, workdir: Path, *, parameters: Dict[str, o
         threading.Thread(target=_watch_memory, args=(launch, memory_limit, done, memory),
                          daemon=True).start()
     start = time.perf_counter()
+    ready: list = []  # when the kernel answered, before the first cell (nbclient's hook)
     ended, message = "completed", ""
     watchdog.start()
     try:
@@ -231,6 +234,7 @@ def execute(nb: nbformat.NotebookNode, workdir: Path, *, parameters: Dict[str, o
             },
             shutdown_kernel="immediate",
             on_cell_executed=_mark_timeout,
+            on_notebook_start=lambda **_: ready.append(time.perf_counter()),
             output_limit=output_limit, on_flood=on_flood,
         )
     except DeadKernelError:
@@ -275,4 +279,5 @@ def execute(nb: nbformat.NotebookNode, workdir: Path, *, parameters: Dict[str, o
     logging.getLogger(__name__).debug("executed in %.2f s: %s %s", seconds, ended, message)
     return Execution(notebook=nb, seconds=seconds, ended=ended, message=message,
                      peak_memory=memory.get("peak", 0),
-                     peak_processes=group.process_peak() if group is not None else 0)
+                     peak_processes=group.process_peak() if group is not None else 0,
+                     kernel_start=(ready[0] - start) if ready else seconds)

@@ -42,6 +42,12 @@ from .spawn import Spawner, open_spawner
 GRADED, TIMEOUT, ERROR, INVALID = "graded", "timeout", "error", "invalid"
 STATUSES = (GRADED, TIMEOUT, ERROR, INVALID)
 
+# The steps of grade_submission whose seconds a result keeps (``SubmissionResult.phases``),
+# in order; together they are all of its ``seconds`` but for a few milliseconds between.
+READ, PREPARE, KERNEL_START, CELLS, CHECKS, JUDGE = (
+    "read and rebuild", "working directory", "kernel start", "cells", "trusted checks", "judge")
+PHASES = (READ, PREPARE, KERNEL_START, CELLS, CHECKS, JUDGE)
+
 
 @dataclass
 class SubmissionResult:
@@ -56,6 +62,7 @@ class SubmissionResult:
     answered: Dict[str, bool] = field(default_factory=dict)
     peak_memory: int = 0             # bytes, the kernel's largest resident memory
     peak_processes: int = 0          # its most processes and threads at once (0: unknown)
+    phases: Dict[str, float] = field(default_factory=dict)  # seconds of each PHASES step run
 
     @property
     def score(self) -> float:
@@ -272,9 +279,19 @@ def grade_submission(submission: Submission, source: Optional[SourceNotebook],
         raise ValueError(f"options with device {options.device!r} and profile "
                          f"{options.profile!r}: resolve them first (Runner.resolve)")
     start = time.perf_counter()
+    phases: Dict[str, float] = {}
+    mark = [start]  # when the phase under way began
+
+    def phase(name: str, seconds: Optional[float] = None) -> None:
+        """``name`` is over: it took ``seconds`` of the time since the last phase ended,
+        else all of it. (Milliseconds, rounded down: the phases never add up to more.)"""
+        took = time.perf_counter() - mark[0] if seconds is None else seconds
+        mark[0] += took
+        phases[name] = int(took * 1000) / 1000
 
     def finish(result: SubmissionResult) -> SubmissionResult:
         result.seconds = round(time.perf_counter() - start, 3)
+        result.phases = phases
         return result
 
     def invalid(reason: str, tests: List[TestResult]) -> SubmissionResult:
@@ -298,7 +315,9 @@ def grade_submission(submission: Submission, source: Optional[SourceNotebook],
                           profile=options.profile, seed=seed)
         rebuilt.notes[:0] = ([submission.note] if submission.note else []) + repairs
     except ValueError as error:
+        phase(READ)
         return invalid(str(error), zero)
+    phase(READ)
 
     workdir = prepare_workdir(submission, source)
     # Memory and processes of the kernel and all it starts, bounded by the Linux kernel.
@@ -307,6 +326,7 @@ def grade_submission(submission: Submission, source: Optional[SourceNotebook],
     handle, name = tempfile.mkstemp(prefix="kernel-", suffix=".log", dir=run_dir())
     os.close(handle)
     log = Path(name)  # the kernel's own stderr: why it failed to start, if it does
+    phase(PREPARE)
     try:
         execution = execute(rebuilt.notebook, workdir,
                             parameters={"autograder_device": options.device,
@@ -321,13 +341,17 @@ def grade_submission(submission: Submission, source: Optional[SourceNotebook],
         log.unlink(missing_ok=True)
         if not options.keep_workdirs:
             shutil.rmtree(workdir, ignore_errors=True)
+    phase(KERNEL_START, min(execution.kernel_start, time.perf_counter() - mark[0]))
+    phase(CELLS)  # the rest: the cells, stopping the kernel, removing its folder
 
     try:
         checked = trusted_checks(rebuilt, execution.notebook, options, spawner)
     except ChecksSetupError as error:  # the instructor's setup code failed: a grader problem
+        phase(CHECKS)
         result = SubmissionResult(submission, ERROR, f"the grader could not run the checks: "
                                   f"{error}", device=options.device)
         return finish(result)
+    phase(CHECKS)
     tests = judge(execution.notebook, rebuilt.tests, rebuilt.manual, stopped=execution.message,
                   checked=checked)
     stopped_by_a_limit = execution.ended in ("notebook-timeout", "unresponsive")
@@ -347,6 +371,7 @@ def grade_submission(submission: Submission, source: Optional[SourceNotebook],
                               answered=rebuilt.answered, peak_memory=execution.peak_memory,
                               peak_processes=execution.peak_processes)
     result.message = _summary(result, execution, rebuilt.notes)
+    phase(JUDGE)
     return finish(result)
 
 

@@ -121,7 +121,8 @@ def judge_test(cell: Optional[dict], test: TestCell, stopped: str = "",
 
     if test.skipped:
         return result(0.0, SKIPPED,
-                      "Skipped: this test needs a CUDA GPU and this run used the CPU.")
+                      "Skipped: this test needs a CUDA GPU and this run used the CPU, so its "
+                      "points are not at stake.")
     if cell is None:
         return result(0.0, NOT_RUN, "Not run: the test cell is missing from the executed notebook.")
     outputs = cell.get("outputs", [])

@@ -98,6 +98,7 @@ def gradescope(result: SubmissionResult) -> dict:
                        "notebook": sub.notebook, "status": result.status,
                        "max_score": result.max_score, "device": result.device,
                        "seconds": result.seconds,
+                       "seconds_by_phase": result.phases,
                        "peak_memory_mib": round(result.peak_memory / 2**20),
                        "peak_processes": result.peak_processes},
     }

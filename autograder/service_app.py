@@ -5,7 +5,9 @@ A Tornado application (server-rendered HTML, no JavaScript) over the service's d
 its sign-in (:mod:`.service_auth`). Every handler learns who is asking before it reads
 anything; learners see their own uploads only, instructors everything.
 
-Routes: ``/`` (a learner's assignments, upload form and attempts), ``/signin``,
+Routes (under ``/``, or on a JupyterHub under the service's prefix ``/services/NAME/``,
+with the OAuth callback ``oauth_callback`` there too):
+``/`` (a learner's assignments, upload form and attempts), ``/signin``,
 ``/signout``, ``POST /submit`` (multipart: ``assignment``, ``notebook``), ``/submissions/ID``
 (place in the queue, then the feedback; ID is random, never guessable),
 ``/submissions/ID.json`` (the same for ``python -m autograder submit``; ``?wait=S`` holds it
@@ -21,6 +23,7 @@ import io
 import json
 import math
 import os
+import secrets
 import signal
 import threading
 import time
@@ -32,7 +35,7 @@ import tornado.web
 
 from .layout import MAX_NOTEBOOK_BYTES, Course, mebibytes, notebook_from_bytes, plural
 from .options import SERVICE_BODY_CEILING, SERVICE_DB
-from .service_auth import TokenSignIn
+from .service_auth import HubSignIn, TokenSignIn, hub_address
 from .service_config import ConfigError, Person, ServiceConfig  # noqa: F401 (ConfigError: cli)
 from .service_db import DONE, QUEUED, Row, Store, when
 
@@ -66,14 +69,21 @@ def write_durably(path: Path, data: bytes) -> None:
 class Service:
     """The course, its configuration, its database and files: what the service serves."""
 
-    def __init__(self, course: Path, db: Optional[Path] = None, gradebook: Optional[str] = ""):
+    def __init__(self, course: Path, db: Optional[Path] = None, gradebook: Optional[str] = "",
+                 hub: bool = False):
+        """``hub``: run as a JupyterHub service (its users, its OAuth; no roster)."""
         self.course = Course.discover(course)
         self.assignments = course_assignments(self.course)
-        self.config = ServiceConfig.read(self.course.root, self.assignments)
+        if hub:  # a clear error, before anything else, off a hub or without a service url
+            hub_address()
+        self.config = ServiceConfig.read(self.course.root, self.assignments, hub=hub,
+                                         course_id=self.course.course_id)
         self.db = Path(db).resolve() if db else self.course.root / SERVICE_DB
         self.files = self.db.parent / f"{self.db.stem}-files"
         self.store = Store(self.db)
-        self.signin = TokenSignIn(self.store, self.config.people)
+        self.hub = hub
+        self.signin = (HubSignIn(self.config.instructors_group) if hub
+                       else TokenSignIn(self.store, self.config.people))
         self.gradebook = (f"sqlite:///{self.course.root / 'gradebook.db'}" if gradebook == ""
                           else gradebook)
         self.sources = {a: self.course.source_notebooks(a) for a in self.assignments}
@@ -206,9 +216,17 @@ class Service:
                     "name": test["name"], "status": test.get("status", "not counted"),
                     "outcome": test.get("extra_data", {}).get("outcome", ""),
                     "score": test["score"], "max_score": test["max_score"],
+                    "points": test.get("extra_data", {}).get("points", test["max_score"]),
                     "output": test.get("output", ""),
                     "hidden": test.get("visibility") != "visible"})
         return data
+
+    def learners(self) -> List[str]:
+        """The learners of the instructor's page: the roster's; on a hub (which has no roster
+        here), everyone who has handed in."""
+        if self.hub:
+            return sorted({row.student for row in self.store.rows()})
+        return sorted(p.id for p in self.config.people.values() if not p.instructor)
 
     def counted_rows(self) -> Dict[tuple, Row]:
         """The attempt that counts, per (student, assignment, notebook)."""
@@ -239,15 +257,25 @@ class Service:
 
     def application(self) -> tornado.web.Application:
         from . import service_pages as pages
-        return tornado.web.Application(pages.routes(), service=self, xsrf_cookies=True,
-                                       default_handler_class=pages.NotFound)
+        signin = self.signin
+        routes = [(pattern, signin.page(handler))
+                  for pattern, handler in pages.routes(signin.prefix)] + signin.own_routes()
+        # the cookie secret signs the hub sign-in's cookies (a new one at each start: the
+        # hub's OAuth signs a browser in again without a word)
+        return tornado.web.Application(routes, service=self, xsrf_cookies=True,
+                                       cookie_secret=secrets.token_bytes(32),
+                                       default_handler_class=signin.page(pages.NotFound))
+
+    def address(self, host: str, port: int):
+        """Where to listen: ``host``, ``port``; on a hub, the service's own ``url``."""
+        return hub_address() if self.hub else (host, port)
 
     def run(self, runner, options, host: str, port: int) -> int:
         from .service_queue import Graders
         self.graders = Graders(self.store, runner, self.course, self.sources, options,
                                self.config.rules, self.files, gradebook=self.gradebook,
                                on_change=self.changed)
-        return asyncio.run(self._serve(host, port))
+        return asyncio.run(self._serve(*self.address(host, port)))
 
     async def _serve(self, host: str, port: int) -> int:
         from tornado.httpserver import HTTPServer
@@ -259,9 +287,13 @@ class Service:
         self._loop = asyncio.get_running_loop()
         self.graders.start()
         address = sockets[0].getsockname()
-        print(f"Serving {self.course.root} at http://{address[0]}:{address[1]}/ "
-              f"(database {self.db}; {self.graders.jobs} grader(s)). Open it with the sign-in "
-              "link that `python -m autograder serve --issue-tokens` printed for you.",
+        how = (f"Open it through the hub, at {self.signin.prefix}; members of the hub group "
+               f"{self.config.instructors_group!r} are its instructors." if self.hub else
+               "Open it with the sign-in link that `python -m autograder serve --issue-tokens` "
+               "printed for you.")
+        print(f"Serving {self.course.root} at http://{address[0]}:{address[1]}"
+              f"{self.signin.prefix} (database {self.db}; {self.graders.jobs} grader(s) on "
+              f"{self.graders.runner.describe()}). {how}",
               flush=True)
         stopped = asyncio.Event()
         loop = asyncio.get_running_loop()

@@ -1,35 +1,65 @@
-"""Who is asking: the service's one sign-in interface, and its standalone kind.
+"""Who is asking: the service's one sign-in interface, and its two kinds.
 
-Every handler asks :meth:`SignIn.person` before it reads anything. :class:`TokenSignIn`
-is the standalone sign-in: ``python -m autograder serve --issue-tokens`` gives each person
-of ``roster.toml`` a secret (``secrets.token_urlsafe``), stored only as its SHA-256; a
-browser signs in once through ``/signin?token=...`` (the token then rides in an
-HttpOnly cookie), and ``python -m autograder submit`` sends it as
-``Authorization: Bearer ...``. A JupyterHub sign-in (OAuth, as a Hub service), planned and
-not built yet, would be another class with the same three methods.
+Every handler asks :meth:`SignIn.person` before it reads anything.
+
+:class:`TokenSignIn` is the standalone sign-in: ``python -m autograder serve
+--issue-tokens`` gives each person of ``roster.toml`` a secret
+(``secrets.token_urlsafe``), stored only as its SHA-256; a browser signs in once through
+``/signin?token=...`` (the token then rides in an HttpOnly cookie), and ``python -m
+autograder submit`` sends it as ``Authorization: Bearer ...``.
+
+:class:`HubSignIn` is the sign-in of ``serve --jupyterhub``, the service run by JupyterHub
+(a managed service): JupyterHub's own client library, ``jupyterhub.services.auth``, does
+the OAuth with the hub (``HubOAuth``, its callback handler and its XSRF tokens), and asks
+the hub who owns a token. Every hub user is a learner, named by their hub name; the
+members of one hub group are instructors. ``submit`` sends a hub API token as the Bearer
+token (the ``JUPYTERHUB_API_TOKEN`` of the learner's server, or one from ``/hub/token``).
 """
 from __future__ import annotations
 
+import os
 import secrets
 from typing import Dict, List, Optional, Protocol, Tuple
+from urllib.parse import urlparse
 
-from .service_config import Person
+from .service_config import INSTRUCTOR, LEARNER, PERSON_ID, ConfigError, Person
 from .service_db import Store
 
 COOKIE = "autograder-service"
+# what a managed JupyterHub service finds in its environment, and needs here
+HUB_ENVIRONMENT = ("JUPYTERHUB_API_TOKEN", "JUPYTERHUB_API_URL", "JUPYTERHUB_CLIENT_ID",
+                   "JUPYTERHUB_SERVICE_PREFIX", "JUPYTERHUB_SERVICE_URL")
+
+
+class Refused(Exception):
+    """Someone the sign-in knows who may not use the service: say why (HTTP 403), rather
+    than send them to sign in again."""
 
 
 class SignIn(Protocol):
     """How the service learns who is asking (``handler`` is a Tornado RequestHandler)."""
 
-    def person(self, handler) -> Optional[Person]:
-        """The person signed in on this request, or None."""
+    prefix: str  # where the service's pages are, e.g. "/" or "/services/autograder/"
+    how_to_sign_in: str  # said to a request that is not signed in
 
-    def sign_in(self, handler) -> Optional[Person]:
+    async def person(self, handler) -> Optional[Person]:
+        """The person signed in on this request, or None; :class:`Refused` for someone known
+        who may not use the service."""
+
+    async def sign_in(self, handler) -> Optional[Person]:
         """Handle ``GET /signin``: sign the browser in and return who, or None if refused."""
 
-    def sign_out(self, handler) -> None:
-        """Forget this browser's sign-in."""
+    def login_url(self, handler) -> Optional[str]:
+        """Where a browser that is not signed in goes to sign in; None: nowhere."""
+
+    def sign_out(self, handler) -> Optional[str]:
+        """Forget this browser's sign-in; the address to send it to next, if any."""
+
+    def page(self, handler: type) -> type:
+        """The handler class to serve for one of the service's pages."""
+
+    def own_routes(self) -> list:
+        """Routes of the sign-in itself (an OAuth callback), besides the service's pages."""
 
 
 def bearer(handler) -> Optional[str]:
@@ -40,6 +70,10 @@ def bearer(handler) -> Optional[str]:
 
 class TokenSignIn:
     """Sign-in with a secret per person, issued from the roster."""
+
+    prefix = "/"
+    how_to_sign_in = ("Not signed in, or the sign-in link is no longer valid: use the link your "
+                      "instructor gave you.")
 
     def __init__(self, store: Store, people: Dict[str, Person]):
         self.store, self.people = store, people
@@ -60,13 +94,13 @@ class TokenSignIn:
         person_id = self.store.person_of(token)
         return self.people.get(person_id) if person_id else None  # off the roster: refused
 
-    def person(self, handler) -> Optional[Person]:
+    async def person(self, handler) -> Optional[Person]:
         token = bearer(handler)
         if token is not None:  # a wrong bearer token is refused, whatever the cookie says
             return self._of(token)
         return self._of(handler.get_cookie(COOKIE))
 
-    def sign_in(self, handler) -> Optional[Person]:
+    async def sign_in(self, handler) -> Optional[Person]:
         token = handler.get_query_argument("token", None) or bearer(handler)
         person = self._of(token)
         if person is not None:
@@ -74,5 +108,116 @@ class TokenSignIn:
                                secure=handler.request.protocol == "https")
         return person
 
-    def sign_out(self, handler) -> None:
+    def login_url(self, handler) -> Optional[str]:
+        return None  # a sign-in link is personal: there is no page to send anyone to
+
+    def sign_out(self, handler) -> Optional[str]:
         handler.clear_cookie(COOKIE)
+        return None
+
+    def page(self, handler: type) -> type:
+        return handler
+
+    def own_routes(self) -> list:
+        return []  # /signin is one of the service's pages
+
+
+def hub_environment(environ=None) -> Dict[str, str]:
+    """The ``JUPYTERHUB_*`` variables a managed service gets; ConfigError if one is missing."""
+    environ = os.environ if environ is None else environ
+    missing = [name for name in HUB_ENVIRONMENT if not environ.get(name)]
+    if missing:
+        raise ConfigError(f"--jupyterhub: {', '.join(missing)} not set. JupyterHub sets them "
+                          "when it starts the service itself: list `python -m autograder serve "
+                          "--jupyterhub` as the `command` of a service in "
+                          "c.JupyterHub.services (README, Running the submission service)")
+    return {name: environ[name] for name in HUB_ENVIRONMENT}
+
+
+def hub_address(environ=None) -> Tuple[str, int]:
+    """Host and port to listen on: those of ``JUPYTERHUB_SERVICE_URL`` (the service's
+    ``url`` in the hub's configuration, where the hub's proxy sends its requests)."""
+    url = urlparse(hub_environment(environ)["JUPYTERHUB_SERVICE_URL"])
+    if not url.hostname or not url.port:
+        raise ConfigError(f"JUPYTERHUB_SERVICE_URL {url.geturl()!r} has no host and port: give "
+                          'the service a "url" such as http://127.0.0.1:8765')
+    return url.hostname, url.port
+
+
+class HubSignIn:
+    """Sign-in through JupyterHub: hub users are learners, ``group``'s members instructors.
+
+    ``auth`` is a ``jupyterhub.services.auth.HubOAuth`` (by default the one the service's
+    ``JUPYTERHUB_*`` environment configures). The pages are served under the service's
+    prefix; in :meth:`page` each is given JupyterHub's ``HubOAuthenticated`` mixin, which
+    brings the hub's login redirect (with its OAuth state) and its XSRF tokens, bound to
+    the hub session (Tornado's plain ones could be planted by any page of the same hub).
+    """
+
+    def __init__(self, group: str, auth=None):
+        from jupyterhub.services.auth import HubOAuth
+        self.group = group
+        self.auth = auth if auth is not None else HubOAuth(cache_max_age=60)
+        self.prefix = self.auth.base_url  # JUPYTERHUB_SERVICE_PREFIX, e.g. /services/autograder/
+        self.how_to_sign_in = (
+            "Not signed in to JupyterHub, or this token may not use the service: a hub token "
+            f"needs the scope access:services!service={self.service_name}")
+
+    @property
+    def service_name(self) -> str:
+        return os.environ.get("JUPYTERHUB_SERVICE_NAME", "") or \
+            self.prefix.rstrip("/").rsplit("/", 1)[-1]
+
+    def of(self, model: Optional[dict]) -> Optional[Person]:
+        """The person a hub user model (``GET /hub/api/user``) is: a learner, or an instructor
+        if in the group; None for no one. :class:`Refused` for a hub service's token, and for
+        a hub name that cannot be a student id (it names the learner's folders)."""
+        if not model:
+            return None
+        if model.get("kind", "user") != "user":
+            raise Refused(f"a token of the hub service {model.get('name')!r} is not a learner's")
+        name = model.get("name", "")
+        if not PERSON_ID.match(name):
+            raise Refused(f"your hub name {name!r} cannot be a student id here (letters, digits, "
+                          "_ . -, at most 64, a letter or digit first): ask your instructor")
+        return Person(name, INSTRUCTOR if self.group in model.get("groups", ()) else LEARNER)
+
+    async def person(self, handler) -> Optional[Person]:
+        from jupyterhub.services.auth import UserNotAllowed
+        model = await self.auth.get_user(handler, sync=False)
+        if not model:
+            return None
+        try:  # the scopes the hub gives a token for this service (access:services!service=)
+            model = handler.check_hub_user(model)
+        except UserNotAllowed:
+            raise Refused(f"this hub token may not use the service: it needs the scope "
+                          f"access:services!service={self.service_name}") from None
+        handler.current_user = model  # for the library's own later look-ups
+        return self.of(model)
+
+    sign_in = person  # GET /signin: the OAuth of login_url has signed the browser in
+
+    def login_url(self, handler) -> Optional[str]:
+        return handler.get_login_url()  # the hub's authorize URL, with a fresh OAuth state
+
+    def sign_out(self, handler) -> Optional[str]:
+        self.auth.clear_cookie(handler)
+        return self.auth.hub_host + self.auth.hub_prefix + "logout"
+
+    def own_routes(self) -> list:
+        """The library's OAuth callback, at the ``oauth_redirect_uri`` the hub was given."""
+        from jupyterhub.services.auth import HubOAuthCallbackHandler
+        callback = type("OAuthCallback", (HubOAuthCallbackHandler,), {"_hub_auth": self.auth})
+        return [(urlparse(self.auth.oauth_redirect_uri).path, callback)]
+
+    def page(self, handler: type) -> type:
+        from jupyterhub.services.auth import HubOAuthenticated
+
+        def check_xsrf_cookie(page) -> None:
+            # `submit`'s Bearer requests carry no form and need no XSRF token: a browser
+            # never adds an Authorization header by itself, and the hub checks the token
+            if bearer(page) is None:
+                HubOAuthenticated.check_xsrf_cookie(page)
+        return type(handler.__name__, (HubOAuthenticated, handler),
+                    {"_hub_auth": self.auth, "check_xsrf_cookie": check_xsrf_cookie,
+                     "__module__": handler.__module__})

@@ -15,6 +15,13 @@
     late = "penalty"                # "refuse" (the default) or "penalty"
     penalty_per_day = 0.1           # fraction of the points lost per day (or part) late
 
+On a JupyterHub (``serve --jupyterhub``) there is no roster: every hub user is a learner,
+and the members of one hub group are instructors. ``service.toml`` may name the group::
+
+    [jupyterhub]
+    instructors_group = "formgrade-course101"  # default: formgrade-<course_id>, nbgrader's
+                                               # grader group, or "instructors" without an id
+
 A mistake in either file is a :class:`ConfigError` whose message names the file and the
 key, raised before the service listens.
 """
@@ -36,6 +43,11 @@ COUNTS = ("last", "best")
 LATE = ("refuse", "penalty")
 PERSON_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")  # also a folder name
 DAY = timedelta(days=1)
+HUB_TABLE = "jupyterhub"
+HUB_KEYS = {"instructors_group"}
+# JupyterHub's own rule for group names is loose; this is what a URL path segment and a
+# `load_groups` key carry without quoting (nbgrader's formgrade-<course_id> fits)
+GROUP_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@+-]{0,254}$")
 
 
 class ConfigError(ValueError):
@@ -150,6 +162,7 @@ def read_rules(course: Path, assignments: List[str]) -> Tuple[Rules, Dict[str, R
     """The rules for every assignment (the defaults, and each assignment's own)."""
     path = Path(course) / RULES
     data = _load(path) if path.is_file() else {}
+    data.pop(HUB_TABLE, None)  # read by read_hub
     per = data.pop("assignments", {})
     if not isinstance(per, dict):
         raise ConfigError(f"{path}: [assignments.NAME] tables expected")
@@ -165,16 +178,46 @@ def read_rules(course: Path, assignments: List[str]) -> Tuple[Rules, Dict[str, R
     return default, {name: rules.get(name, default) for name in assignments}
 
 
+def default_instructors_group(course_id: str) -> str:
+    """nbgrader's name for a course's graders on a hub (its docs' ``formgrade-<course_id>``),
+    or ``instructors`` for a course without an id."""
+    return f"formgrade-{course_id}" if course_id else "instructors"
+
+
+def read_hub(course: Path, course_id: str = "") -> str:
+    """The hub group whose members are instructors (``[jupyterhub]`` of service.toml)."""
+    path = Path(course) / RULES
+    table = (_load(path) if path.is_file() else {}).get(HUB_TABLE, {})
+    if not isinstance(table, dict):
+        raise ConfigError(f"{path}: {HUB_TABLE} must be a table ([{HUB_TABLE}])")
+    unknown = set(table) - HUB_KEYS
+    if unknown:
+        raise ConfigError(f"{path}: [{HUB_TABLE}]: unknown key(s) {sorted(unknown)}; "
+                          f"expected {sorted(HUB_KEYS)}")
+    group = table.get("instructors_group", default_instructors_group(course_id))
+    if not isinstance(group, str) or not GROUP_NAME.match(group):
+        raise ConfigError(f"{path}: [{HUB_TABLE}]: instructors_group must be the name of a "
+                          "JupyterHub group (letters, digits, _ . @ + -, e.g. "
+                          f'"formgrade-course101"), got {group!r}')
+    return group
+
+
 @dataclass
 class ServiceConfig:
-    """Everything the service reads from the course folder."""
+    """Everything the service reads from the course folder.
+
+    With a roster (standalone), ``people`` is everyone who may sign in; on a JupyterHub,
+    ``people`` is empty (the hub says who is asking) and ``instructors_group`` is set."""
     course: Path
     people: Dict[str, Person]
     rules: Dict[str, Rules] = field(default_factory=dict)
+    instructors_group: Optional[str] = None
 
     @classmethod
-    def read(cls, course: Path, assignments: List[str]) -> "ServiceConfig":
+    def read(cls, course: Path, assignments: List[str], hub: bool = False,
+             course_id: str = "") -> "ServiceConfig":
         course = Path(course)
-        people = read_roster(course)
+        people = {} if hub else read_roster(course)
         _, rules = read_rules(course, assignments)
-        return cls(course=course, people=people, rules=rules)
+        group = read_hub(course, course_id) if hub else None
+        return cls(course=course, people=people, rules=rules, instructors_group=group)

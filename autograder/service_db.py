@@ -8,11 +8,17 @@ result committed, exactly once (``gradings`` counts the commits).
 
 Which queued row goes next is :func:`fair_order`: the oldest upload of the learner served
 least recently, so one learner's twenty attempts do not hold back another's first.
+
+The schema has a version (SQLite's ``PRAGMA user_version``, :data:`SCHEMA_VERSION`). A
+database made by an earlier service is brought forward when it is opened
+(:data:`MIGRATIONS`, in one transaction, after a copy of the file is kept beside it);
+one made by a later service is refused with :class:`DatabaseError`.
 """
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import secrets
 import sqlite3
 import threading
@@ -49,12 +55,60 @@ CREATE TABLE IF NOT EXISTS submissions (
     csv_row TEXT,                         -- report.csv_row of the result, as JSON
     results TEXT,                         -- its results.json
     executed TEXT,                        -- its executed notebook, if it ran
-    key TEXT UNIQUE,                      -- its id in URLs: random, never guessable
+    key TEXT,                             -- its id in URLs: random, never guessable
+    phases TEXT,                          -- seconds per grading phase, as JSON
     UNIQUE (student, assignment, notebook, attempt)
 );
 CREATE INDEX IF NOT EXISTS by_state ON submissions (state);
 CREATE INDEX IF NOT EXISTS by_learner ON submissions (student, assignment, notebook);
+CREATE UNIQUE INDEX IF NOT EXISTS by_key ON submissions (key);
 """
+
+# The schema's versions: 1, the first service (no version stored); 2, random ids in URLs
+# (``key``; stored, as 0, only by that column); 3, ``phases``, the version stored.
+SCHEMA_VERSION = 3
+
+
+def _add_keys(db: sqlite3.Connection) -> None:
+    """Version 2: every submission gets a random id for its URLs (old rows too)."""
+    db.execute("ALTER TABLE submissions ADD COLUMN key TEXT")
+    for (row_id,) in db.execute("SELECT id FROM submissions").fetchall():
+        db.execute("UPDATE submissions SET key = ? WHERE id = ?",
+                   (secrets.token_urlsafe(SERVICE_ID_BYTES), row_id))
+
+
+def _add_phases(db: sqlite3.Connection) -> None:
+    """Version 3: each grading's seconds per phase (none known for earlier gradings)."""
+    db.execute("ALTER TABLE submissions ADD COLUMN phases TEXT")
+
+
+MIGRATIONS = {2: _add_keys, 3: _add_phases}  # version -> the step that reaches it
+
+
+def statements(script: str) -> List[str]:
+    """The SQL statements of ``script``, one by one."""
+    found, pending = [], ""
+    for line in script.splitlines(keepends=True):
+        pending += line
+        if sqlite3.complete_statement(pending):
+            found.append(pending.strip())
+            pending = ""
+    return found
+
+
+class DatabaseError(ValueError):
+    """The database cannot be used by this service (made by a later version of it)."""
+
+
+def stored_version(db: sqlite3.Connection) -> int:
+    """The schema version of an open database; 0 for one with no tables yet."""
+    version = db.execute("PRAGMA user_version").fetchone()[0]
+    if version:
+        return version
+    columns = {r[1] for r in db.execute("PRAGMA table_info(submissions)")}
+    if not columns:
+        return 0
+    return 2 if "key" in columns else 1  # made before the version was stored
 
 
 def when(stamp: Optional[float]) -> str:
@@ -112,6 +166,11 @@ class Row:
     results: Optional[str]
     executed: Optional[str]
     key: Optional[str]
+    phases: Optional[str]     # JSON: {phase: seconds}, in the order they ran
+
+    @property
+    def phase_seconds(self) -> Dict[str, float]:
+        return json.loads(self.phases) if self.phases else {}
 
     @property
     def counted_score(self) -> Optional[float]:
@@ -132,7 +191,34 @@ class Store:
         self._lock = threading.Lock()
         with self._db() as db:
             db.execute("PRAGMA journal_mode=WAL")
-            db.executescript(SCHEMA)
+        self._migrate()
+
+    def _migrate(self) -> None:
+        """Create the tables, or bring an earlier version's forward (all rows kept)."""
+        with self._db() as db:
+            version = self._usable_version(db)
+            if 0 < version < SCHEMA_VERSION:  # the file as it was, kept beside it
+                kept = self.path.with_name(f"{self.path.name}.schema{version}")
+                if not kept.exists():
+                    with contextlib.closing(sqlite3.connect(kept)) as copy:
+                        db.backup(copy)  # (not in a transaction: it would wait for itself)
+        with self._write() as db:
+            version = self._usable_version(db)  # again: another may have migrated it
+            for step in range(version + 1 if version else SCHEMA_VERSION + 1,
+                              SCHEMA_VERSION + 1):  # (a new file has none to take)
+                MIGRATIONS[step](db)
+            for statement in statements(SCHEMA):  # not executescript: it would commit
+                db.execute(statement)
+            db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    def _usable_version(self, db: sqlite3.Connection) -> int:
+        version = stored_version(db)
+        if version > SCHEMA_VERSION:
+            raise DatabaseError(
+                f"{self.path} was made by a later version of the service (schema "
+                f"{version}; this one knows {SCHEMA_VERSION} and earlier): run that "
+                "version, or give this one another --db")
+        return version
 
     @contextlib.contextmanager
     def _db(self) -> Iterator[sqlite3.Connection]:

@@ -2,11 +2,14 @@
 
 Plain server-rendered HTML that works without JavaScript (a page waiting for a grade
 reloads itself with ``<meta http-equiv="refresh">``). Every handler's ``prepare`` asks the
-sign-in who is asking before anything is read; forms carry Tornado's XSRF token, and
-requests signed with ``Authorization: Bearer`` (the ``submit`` command) need none.
+sign-in who is asking before anything is read; forms carry an XSRF token (Tornado's, or
+JupyterHub's on a hub), and requests signed with ``Authorization: Bearer`` (the ``submit``
+command) need none. Every address is under the sign-in's prefix: ``/`` standalone,
+``/services/NAME/`` on a JupyterHub; :meth:`Base.url` writes them.
 """
 from __future__ import annotations
 
+import re
 from html import escape
 from pathlib import Path
 from typing import List, Optional
@@ -14,8 +17,9 @@ from typing import List, Optional
 import tornado.web
 
 from .options import SERVICE_LONG_POLL, SERVICE_REFRESH
-from .service_auth import bearer
+from .service_auth import Refused, bearer
 from .service_db import DONE, GRADING, QUEUED, when
+from .submit import mark as test_mark, test_points
 
 STYLE = ("body{font-family:system-ui,sans-serif;max-width:70rem;margin:1rem auto;padding:0 1rem}"
          "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:.2rem .5rem;"
@@ -42,6 +46,11 @@ def points(value) -> str:
     return "" if value is None else f"{value:g}"
 
 
+def phases_html(phases: dict) -> str:
+    """Seconds per grading phase, one a line (none known: graded before they were kept)."""
+    return "<br>".join(f"{escape(name)}: {seconds:.2f}" for name, seconds in phases.items())
+
+
 class Base(tornado.web.RequestHandler):
     """Who is asking, first: every route refuses anyone the sign-in does not know."""
     instructors_only = False
@@ -54,13 +63,29 @@ class Base(tornado.web.RequestHandler):
         if bearer(self) is None:  # a browser's form: it must carry the XSRF token
             super().check_xsrf_cookie()
 
-    def prepare(self) -> None:
-        self.person = self.service.signin.person(self)
+    def url(self, path: str = "") -> str:
+        """The address of one of the service's pages (``path`` without its leading /)."""
+        return self.service.signin.prefix + path
+
+    async def prepare(self) -> None:
+        try:
+            self.person = await self.service.signin.person(self)
+        except Refused as why:
+            self.person = None
+            return self.refuse(403, str(why))
         if self.person is None:
-            self.refuse(401, "Not signed in, or the sign-in link is no longer valid: use the "
-                             "link your instructor gave you.")
+            self.not_signed_in()
         elif self.instructors_only and not self.person.instructor:
             self.refuse(403, "This page is for instructors.")
+
+    def not_signed_in(self) -> None:
+        """A browser's page view goes to the sign-in's login (the hub's); the rest is 401."""
+        signin = self.service.signin
+        if self.request.method == "GET" and not self.wants_json():
+            login = signin.login_url(self)
+            if login:
+                return self.redirect(login)
+        self.refuse(401, signin.how_to_sign_in)
 
     def wants_json(self) -> bool:
         return bearer(self) is not None or "application/json" in \
@@ -72,7 +97,7 @@ class Base(tornado.web.RequestHandler):
             self.finish({"error": message})
         else:
             self.finish(page("Not possible", f"<p>{escape(message[:1].upper() + message[1:])}"
-                             '</p><p><a href="/">Back</a></p>'))
+                             f'</p><p><a href="{self.url()}">Back</a></p>'))
 
     def write_error(self, status_code: int, **kwargs) -> None:
         reason = self._reason or "error"
@@ -83,7 +108,8 @@ class Base(tornado.web.RequestHandler):
         if self.wants_json():
             self.finish({"error": reason})
         else:
-            self.finish(page(f"{status_code}: {reason}", '<p><a href="/">Back</a></p>'))
+            self.finish(page(f"{status_code}: {reason}",
+                             f'<p><a href="{self.url()}">Back</a></p>'))
 
     def upload(self, submission_id: str):
         """The upload with this id, if the person may see it (else the request is refused)."""
@@ -95,24 +121,32 @@ class Base(tornado.web.RequestHandler):
 
 
 class SignIn(Base):
-    def prepare(self) -> None:  # the one route that signs in rather than asks
-        self.person = self.service.signin.sign_in(self)
+    async def prepare(self) -> None:  # the one route that signs in rather than asks
+        try:
+            self.person = await self.service.signin.sign_in(self)
+        except Refused as why:
+            self.person = None
+            return self.refuse(403, str(why))
         if self.person is None:
+            if self.service.signin.login_url(self) is not None:
+                return self.not_signed_in()
             self.refuse(403, "This sign-in link is not valid: ask your instructor for yours.")
 
     def get(self) -> None:
-        self.redirect("/instructor" if self.person.instructor else "/")
+        self.redirect(self.url("instructor") if self.person.instructor else self.url())
 
 
 class SignOut(Base):
     def post(self) -> None:
-        self.service.signin.sign_out(self)
+        then = self.service.signin.sign_out(self)
+        if then:  # on a hub: sign out of the hub too
+            return self.redirect(then, status=303)
         self.finish(page("Signed out", "<p>Use your sign-in link to come back.</p>"))
 
 
 def signed_in_as(handler) -> str:
     return (f'<p>Signed in as <b>{escape(handler.person.id)}</b> ({handler.person.role}). '
-            f'<form method=post action="/signout" style="display:inline">'
+            f'<form method=post action="{handler.url("signout")}" style="display:inline">'
             f'{handler.xsrf_form_html()}<button>Sign out</button></form></p>')
 
 
@@ -129,19 +163,21 @@ class Home(Base):
                     f"{rule.penalty_per_day:.0%} of the points off per day")
             rules.append([escape(name), escape(deadline), escape(late),
                           str(rule.attempts_per_hour), escape(rule.counts)])
-        form = (f'<form method=post action="/submit" enctype="multipart/form-data">'
+        form = (f'<form method=post action="{self.url("submit")}" '
+                'enctype="multipart/form-data">'
                 f'{self.xsrf_form_html()}<label>Assignment <select name=assignment>{options}'
                 '</select></label> <input type=file name=notebook accept=".ipynb" required> '
                 '<button>Hand in</button></form>')
         body = (signed_in_as(self)
-                + ('<p><a href="/instructor">Instructor page</a></p>'
+                + (f'<p><a href="{self.url("instructor")}">Instructor page</a></p>'
                    if self.person.instructor else "")
                 + "<h2>Hand in a notebook</h2>" + form
                 + table(["assignment", "deadline", "late uploads", "uploads an hour",
                          "attempt that counts"], rules)
                 + "<h2>Your attempts</h2>"
                 + table(["#", "assignment", "attempt", "uploaded", "state", "score"],
-                        [[f'<a href="/submissions/{r.key}">{n}</a>', escape(r.assignment),
+                        [[f'<a href="{self.url("submissions/" + r.key)}">{n}</a>',
+                          escape(r.assignment),
                           str(r.attempt), when(r.created), r.state,
                           f"{points(r.counted_score)}/{points(r.max_score)}"
                           if r.state == DONE else ""] for n, r in zip(range(len(rows), 0, -1), rows)]))
@@ -163,11 +199,12 @@ class Submit(Base):
         if self.wants_json():
             self.set_status(201)
             return self.finish({"id": row.key, "attempt": row.attempt,
-                                "assignment": row.assignment, "url": f"/submissions/{row.key}"})
-        self.redirect(f"/submissions/{row.key}", status=303)
+                                "assignment": row.assignment,
+                                "url": self.url(f"submissions/{row.key}")})
+        self.redirect(self.url(f"submissions/{row.key}"), status=303)
 
 
-def feedback_html(data: dict) -> str:
+def feedback_html(data: dict, prefix: str = "/") -> str:
     if data["state"] == QUEUED:
         return (f"<p>Queued: number <b>{data['position']}</b> in the queue. This page "
                 "reloads itself.</p>")
@@ -181,15 +218,15 @@ def feedback_html(data: dict) -> str:
              f"<p>{escape(data['message'] or '')}</p>"]
     rows = []
     for test in data["tests"]:
-        mark = {"passed": "PASS", "failed": "FAIL"}.get(test["status"], test["outcome"].upper())
+        mark = test_mark(test)
         rows.append([f'<span class="{mark}">{escape(mark)}</span>',
                      escape(test["name"]) + (" (hidden test)" if test["hidden"] else ""),
-                     f"{points(test['score'])}/{points(test['max_score'])}",
+                     escape(test_points(test)),
                      f"<pre>{escape(test['output'] or '')}</pre>"])
     parts.append(table(["result", "test", "points", "message"], rows))
     if data.get("has_notebook"):
-        parts.append(f'<p><a href="/submissions/{data["id"]}/notebook">Download the executed '
-                     "notebook</a></p>")
+        parts.append(f'<p><a href="{prefix}submissions/{data["id"]}/notebook">Download the '
+                     "executed notebook</a></p>")
     return "".join(parts)
 
 
@@ -212,8 +249,8 @@ class Feedback(Base):
         if suffix == ".json":
             return self.finish(data)
         body = (f"<p>{escape(row.student)}, {escape(row.assignment)}, attempt {row.attempt}, "
-                f"uploaded {escape(data['uploaded'])}. <a href=\"/\">Back</a></p>"
-                + feedback_html(data))
+                f"uploaded {escape(data['uploaded'])}. <a href=\"{self.url()}\">Back</a></p>"
+                + feedback_html(data, self.url()))
         self.finish(page(f"Feedback: {row.assignment}, attempt {row.attempt}", body,
                          refresh=SERVICE_REFRESH if row.state != DONE else None))
 
@@ -239,7 +276,7 @@ class Instructor(Base):
         rows = service.store.rows("ORDER BY id")
         counted = service.counted_rows()
         columns = [(a, n) for a in service.assignments for n in sorted(service.sources[a])]
-        learners = sorted(p.id for p in service.config.people.values() if not p.instructor)
+        learners = service.learners()
         matrix = []
         for learner in learners:
             line = [escape(learner)]
@@ -251,7 +288,8 @@ class Instructor(Base):
                     line.append("")
                     continue
                 pending = sum(r.state != DONE for r in mine)
-                cell = (f'<a href="/submissions/{row.key}">{points(row.counted_score)}/'
+                cell = (f'<a href="{self.url("submissions/" + row.key)}">'
+                        f'{points(row.counted_score)}/'
                         f'{points(row.max_score)}</a> {escape(row.status or "")}<br>'
                         f'{when(row.finished)}<br>' if row else "")
                 line.append(cell + f"{len(mine)} attempt(s)"
@@ -259,25 +297,30 @@ class Instructor(Base):
             matrix.append(line)
         order = service.store.queue()
         by_id = {r.id: r for r in rows}
-        queue = [[str(i + 1), f'<a href="/submissions/{by_id[n].key}">{n}</a>',
+        queue = [[str(i + 1), f'<a href="{self.url("submissions/" + by_id[n].key)}">{n}</a>',
                   escape(by_id[n].student), escape(by_id[n].assignment),
                   when(by_id[n].created)] for i, n in enumerate(order)]
-        queue += [["grading", f'<a href="/submissions/{r.key}">{r.id}</a>', escape(r.student),
+        queue += [["grading", f'<a href="{self.url("submissions/" + r.key)}">{r.id}</a>',
+                   escape(r.student),
                    escape(r.assignment), when(r.created)] for r in rows if r.state == GRADING]
         every = []
         for r in reversed(rows):
             waited = f"{r.started - r.created:.1f}" if r.started else ""
-            links = f'<a href="/submissions/{r.key}">feedback</a>' + (
-                f' <a href="/submissions/{r.key}/notebook">notebook</a>' if r.executed else "")
+            link = self.url(f"submissions/{r.key}")
+            links = f'<a href="{link}">feedback</a>' + (
+                f' <a href="{link}/notebook">notebook</a>' if r.executed else "")
             every.append([str(r.id), escape(r.student), escape(r.assignment), str(r.attempt),
                           r.state, escape(r.status or ""),
                           f"{points(r.counted_score)}/{points(r.max_score)}"
                           if r.state == DONE else "", points(r.penalty) if r.penalty else "",
-                          when(r.created), waited, points(r.seconds), str(r.gradings), links])
+                          when(r.created), waited, points(r.seconds),
+                          phases_html(r.phase_seconds), str(r.gradings), links])
         body = (signed_in_as(self)
-                + '<p><a href="/instructor/grades.csv">grades.csv</a> (the attempts that '
+                + f'<p><a href="{self.url("instructor/grades.csv")}">grades.csv</a> (the '
+                'attempts that '
                 'count; the columns of <code>python -m autograder grade</code>)</p>'
-                + f'<form method=post action="/instructor/regrade">{self.xsrf_form_html()}'
+                + f'<form method=post action="{self.url("instructor/regrade")}">'
+                f'{self.xsrf_form_html()}'
                 '<button>Regrade all</button> (queues every attempt that counts again)</form>'
                 + "<h2>Learners and assignments</h2>"
                 + table(["learner"] + [a if len(service.sources[a]) == 1 else f"{a}/{n}"
@@ -287,7 +330,7 @@ class Instructor(Base):
                 + "<h2>Every upload</h2>"
                 + table(["#", "learner", "assignment", "attempt", "state", "status", "score",
                          "late penalty", "uploaded", "waited (s)", "graded in (s)",
-                         "gradings", ""], every))
+                         "of which (s)", "gradings", ""], every))
         self.finish(page("Instructor: submissions", body,
                          refresh=SERVICE_REFRESH if queue else None))
 
@@ -308,7 +351,7 @@ class Regrade(Base):
         count = self.service.regrade_all()
         if self.wants_json():
             return self.finish({"queued": count})
-        self.redirect("/instructor", status=303)
+        self.redirect(self.url("instructor"), status=303)
 
 
 class NotFound(Base):
@@ -318,11 +361,13 @@ class NotFound(Base):
     post = get
 
 
-def routes():
-    return [(r"/", Home), (r"/signin", SignIn), (r"/signout", SignOut), (r"/submit", Submit),
-            (r"/submissions/([\w-]+?)(\.json)?", Feedback),
-            (r"/submissions/([\w-]+)/notebook", Notebook),
-            (r"/instructor", Instructor), (r"/instructor/grades\.csv", GradesCsv),
-            (r"/instructor/regrade", Regrade)]
+def routes(prefix: str = "/"):
+    """The pages, under ``prefix`` (``/``, or a hub service's ``/services/NAME/``)."""
+    at = re.escape(prefix)
+    return [(at, Home), (at + r"signin", SignIn), (at + r"signout", SignOut),
+            (at + r"submit", Submit), (at + r"submissions/([\w-]+?)(\.json)?", Feedback),
+            (at + r"submissions/([\w-]+)/notebook", Notebook),
+            (at + r"instructor", Instructor), (at + r"instructor/grades\.csv", GradesCsv),
+            (at + r"instructor/regrade", Regrade)]
 
 

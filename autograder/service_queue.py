@@ -2,8 +2,10 @@
 pipeline, exactly as ``python -m autograder grade`` does.
 
 Each upload becomes a :class:`~autograder.layout.Submission` and goes through the
-runner's ``grade`` (:class:`~autograder.grade.LocalRunner`: its sandbox, its spawner,
-:func:`~autograder.grade.grade_submission`), ``jobs`` at a time. Its results are written
+runner's ``grade``, one upload a call, ``jobs`` at a time: :class:`~autograder.grade.LocalRunner`
+(its sandbox, its spawner, :func:`~autograder.grade.grade_submission`) or, with ``serve
+--scheduler``, :class:`~autograder.cluster.Cluster`, whose workers run the same function on
+the upload at its path here (so they must see the service's files at the same path). Its results are written
 by :mod:`.report` into a folder of that upload's own; the attempt that counts goes into
 nbgrader's gradebook (:mod:`.gradebook`); then the row is committed ``done``. A service
 killed before that commit grades the upload again at its next start; writing the files
@@ -40,7 +42,13 @@ class Graders:
         self.sources, self.options, self.rules = sources, options, rules
         self.files, self.gradebook, self.on_done = Path(files), gradebook, on_done
         self.on_change = on_change  # called with an upload's id once its state is committed
-        self.jobs = runner.threads()
+        # Uploads graded at once: the runner's threads when the service starts. On a Dask
+        # cluster (a Cluster runner, one upload per task) that is the workers' threads then:
+        # a worker that joins later shares the tasks, or replaces one that left, but does
+        # not raise the number until the service restarts. Claiming more than the threads
+        # would only queue uploads inside Dask, out of the fair order and out of sight of
+        # the queue page; with fewer threads left, the extra tasks wait there for a worker.
+        self.jobs = max(1, runner.threads())
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._slots = threading.Semaphore(self.jobs)
@@ -139,6 +147,7 @@ class Graders:
         self.store.finish(row.id, status=result.status, score=result.score,
                           max_score=result.max_score, penalty=penalty,
                           message=result.message, seconds=result.seconds,
+                          phases=json.dumps(result.phases),
                           csv_row=json.dumps(line), results=str(results),
                           executed=str(executed) if executed else None)
         self._changed(row.id)

@@ -1,5 +1,10 @@
 """``python -m autograder submit NOTEBOOK --to URL --token T``: hand in from a terminal.
 
+``T`` is the learner's sign-in token, or on a JupyterHub a hub API token (by default the
+``$JUPYTERHUB_API_TOKEN`` of the learner's own server); either is sent as
+``Authorization: Bearer``, and ``URL`` is then the service's address on the hub
+(``https://HUB/services/autograder/``).
+
 Uploads the notebook to the submission service (``python -m autograder serve``), waits
 for its grade (a long poll of its feedback, with a deadline), and prints the feedback the web page
 shows: each test with PASS or FAIL, its points and message, then the score. Standard
@@ -90,14 +95,27 @@ def wait(base: str, token: str, submission_id: str, timeout: float,
 MARKS = {"passed": "PASS", "failed": "FAIL"}
 
 
+def mark(test: dict) -> str:
+    """PASS or FAIL for a test that counts, else what happened to it (SKIPPED, MANUAL)."""
+    return MARKS.get(test["status"], test["outcome"].upper() or "----")
+
+
+def test_points(test: dict) -> str:
+    """``1/2`` for a test that counts; ``-/1`` for one worth a point that is not at stake
+    in this grading (a GPU-only test on a CPU grader, a cell graded by hand), as
+    ``python -m autograder check`` shows it."""
+    if test["status"] in MARKS:
+        return f"{test['score']:g}/{test['max_score']:g}"
+    return f"-/{test.get('points', test['max_score']):g}"
+
+
 def render(data: dict) -> str:
     """The feedback as the web page shows it, as text."""
     lines = [f"{data['assignment']} (attempt {data['attempt']}): {data['status']}"]
     width = max([len(t["name"]) for t in data["tests"]] + [4])
     for test in data["tests"]:
-        mark = MARKS.get(test["status"], test["outcome"].upper() or "----")
         name = test["name"].ljust(width)
-        lines.append(f"  {mark}  {name}  {test['score']:g}/{test['max_score']:g}"
+        lines.append(f"  {mark(test)}  {name}  {test_points(test)}"
                      + ("  (hidden test)" if test["hidden"] else ""))
         for line in (test["output"] or "").splitlines():
             lines.append(f"        {line}")

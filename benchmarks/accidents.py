@@ -29,11 +29,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.accidents import ACCIDENTS, write  # noqa: E402
+from tests.accidents import ACCIDENTS, CELL_TIMEOUT, write  # noqa: E402
 from tests.assignments import ASSIGNMENTS  # noqa: E402
-
-
-CELL_TIMEOUT = 20  # seconds per cell, for both graders (the course's nbgrader_config says 300)
 
 
 def env() -> dict:

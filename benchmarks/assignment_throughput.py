@@ -33,14 +33,14 @@ import platform
 import shutil
 import statistics
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]  # the sibling benchmark and the tests' helpers
 
-from grading_throughput import ROOT, answer_cells, cpu_name, run  # noqa: E402
+from grading_throughput import (ROOT, add_keep_option, answer_cells, cpu_name,  # noqa: E402
+                                 report_problems, run, scratch_folder)
 from tests.assignments import ASSIGNMENTS, submission  # noqa: E402
 
 
@@ -149,15 +149,12 @@ def main(argv=None) -> int:
                         help=f"the grader's --jobs (default: the cores, {cores} here)")
     parser.add_argument("--assignment", action="append", choices=sorted(names), default=None,
                         help="only this assignment (repeat for several; default: all)")
-    parser.add_argument("--keep", type=Path, default=None,
-                        help="build the scratch course here and keep it (default: a temp dir)")
+    add_keep_option(parser)
     args = parser.parse_args(argv)
     if args.copies < 1 or args.jobs < 1:
         parser.error("--copies and --jobs must be at least 1")
     chosen = {name: names[name] for name in (args.assignment or names)}
-    base = args.keep or Path(tempfile.mkdtemp(prefix="assignment-throughput-"))
-    base.mkdir(parents=True, exist_ok=True)
-    try:
+    with scratch_folder(args.keep, "assignment-throughput-") as base:
         course = make_course(base, chosen)
         print(f"{args.copies} copies of each assignment's reference answers, each signed with its "
               f"student id; {args.jobs} job(s) on {cores} cores ({cpu_name()}), "
@@ -178,15 +175,8 @@ def main(argv=None) -> int:
             print(f"{assignment}: {wall:.1f} s, {full}/{args.copies} with full marks", flush=True)
         print()
         print(table(rows))
-        if problems:
-            print(f"\n{len(problems)} copies without full marks (the reference answers should "
-                  "get them every time):", file=sys.stderr)
-            print("\n".join(f"  {line}" for line in problems[:50]), file=sys.stderr)
-            return 1
-        return 0
-    finally:
-        if args.keep is None:
-            shutil.rmtree(base, ignore_errors=True)
+        return report_problems(problems, "copies without full marks (the reference answers "
+                                         "should get them every time)")
 
 
 if __name__ == "__main__":

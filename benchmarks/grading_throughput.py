@@ -40,7 +40,9 @@ import sys
 import tempfile
 import time
 import tomllib
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator, List, Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTION_MARKERS = re.compile(r"^[ \t]*### (BEGIN|END) SOLUTION[ \t]*\n?", re.MULTILINE)
@@ -63,6 +65,32 @@ def run(command: list, cwd: Path, what: str) -> float:
         sys.exit(f"{what} failed (exit {done.returncode}):\n{done.stdout[-3000:]}\n"
                  f"{done.stderr[-3000:]}")
     return seconds
+
+
+def add_keep_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--keep", type=Path, default=None,
+                        help="build the scratch course here and keep it (default: a temp dir)")
+
+
+@contextmanager
+def scratch_folder(keep: Optional[Path], prefix: str) -> Iterator[Path]:
+    """The benchmark's folder: ``keep`` (left in place), or a temporary one removed after."""
+    base = keep or Path(tempfile.mkdtemp(prefix=prefix))
+    base.mkdir(parents=True, exist_ok=True)
+    try:
+        yield base
+    finally:
+        if keep is None:
+            shutil.rmtree(base, ignore_errors=True)
+
+
+def report_problems(problems: List[str], heading: str) -> int:
+    """Print what went wrong (the first 50) under ``heading``; the exit status."""
+    if not problems:
+        return 0
+    print(f"\n{len(problems)} {heading}:", file=sys.stderr)
+    print("\n".join(f"  {line}" for line in problems[:50]), file=sys.stderr)
+    return 1
 
 
 def answer_cells(nb) -> dict:
@@ -265,15 +293,12 @@ def main(argv=None) -> int:
     parser.add_argument("--dask-workers", type=int, default=None, metavar="N",
                         help="also grade on a loopback Dask cluster of N one-thread workers "
                              "(default: as many as the local run's jobs; 0: not at all)")
-    parser.add_argument("--keep", type=Path, default=None,
-                        help="build the scratch course here and keep it (default: a temp dir)")
+    add_keep_option(parser)
     args = parser.parse_args(argv)
     if args.submissions < 20:
         parser.error("use at least 20 submissions")
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    base = args.keep or Path(tempfile.mkdtemp(prefix="grading-throughput-"))
-    base.mkdir(parents=True, exist_ok=True)
-    try:
+    with scratch_folder(args.keep, "grading-throughput-") as base:
         course, notebook, students = make_course(base, args.assignment, args.submissions)
         print(f"{len(students)} submissions of {args.assignment!r} ({len(set(students.values()))} "
               f"different ones); {cores} cores ({cpu_name()}), Python {platform.python_version()}")
@@ -350,9 +375,6 @@ def main(argv=None) -> int:
               "(GPU-only cells aside)" + ("; the Dask run wrote the same grades.csv as the "
                                           "local one." if dask_label in timings else "."))
         return 0
-    finally:
-        if args.keep is None:
-            shutil.rmtree(base, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -34,26 +34,22 @@ import csv
 import math
 import os
 import platform
-import queue
 import random
-import re
-import shutil
-import signal
 import statistics
-import subprocess
 import sys
-import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]  # the sibling benchmarks and the tests' helpers
 
 from assignment_throughput import make_course, reference_submission, student  # noqa: E402
-from grading_throughput import ROOT, answer_cells, cpu_name, run, tool_env  # noqa: E402
+from grading_throughput import (add_keep_option, answer_cells, cpu_name,  # noqa: E402
+                                 report_problems, run, scratch_folder)
 from tests.assignments import ASSIGNMENTS, wrong_submissions  # noqa: E402
+from tests.service_server import ServiceProcess, issue_tokens  # noqa: E402
 
 from autograder.submit import SubmitError, upload, wait  # noqa: E402
 
@@ -123,62 +119,6 @@ class Outcome:
     @property
     def right(self) -> bool:
         return not self.error and expected(self.kind, self.status, self.score, self.max_score)
-
-
-@dataclass
-class Server:
-    """``python -m autograder serve`` on a free port of 127.0.0.1, as a process of its own."""
-    course: Path
-    jobs: int
-    extra: list = field(default_factory=list)
-
-    def start(self) -> "Server":
-        self.log = open(self.course / "server.log", "w")
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "autograder", "serve", "--course", str(self.course),
-             "--port", "0", "--jobs", str(self.jobs), *self.extra], cwd=self.course,
-            env=tool_env(), stdout=subprocess.PIPE, stderr=self.log, text=True,
-            start_new_session=True)
-        lines: queue.Queue = queue.Queue()
-        threading.Thread(target=lambda: [lines.put(line) for line in self.process.stdout],
-                         daemon=True).start()
-        deadline = time.monotonic() + 300
-        while True:
-            try:
-                line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
-            except queue.Empty:
-                self.stop()
-                sys.exit("the service did not start:\n" + self.errors())
-            found = re.search(r"at (http://127\.0\.0\.1:\d+)/", line)
-            if found:
-                self.url = found.group(1)
-                return self
-
-    def errors(self) -> str:
-        self.log.flush()
-        return Path(self.log.name).read_text()[-3000:]
-
-    def stop(self) -> None:
-        """SIGTERM to the service's process group (it, its fork server, its kernels)."""
-        try:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            self.process.wait(timeout=60)
-        except ProcessLookupError:
-            pass
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(timeout=60)
-        self.log.close()
-
-
-def tokens(course: Path) -> dict:
-    done = subprocess.run([sys.executable, "-m", "autograder", "serve", "--course", str(course),
-                           "--issue-tokens"], cwd=course, env=tool_env(), capture_output=True,
-                          text=True, timeout=300)
-    if done.returncode != 0:
-        sys.exit(f"serve --issue-tokens failed:\n{done.stderr[-3000:]}")
-    return {line.split("\t")[0]: line.split("\t")[2].split("token=")[1]
-            for line in done.stdout.splitlines() if line and not line.startswith("#")}
 
 
 def hand_in_once(url: str, token: str, path: Path, assignment: str, outcome: Outcome,
@@ -308,15 +248,12 @@ def main(argv=None) -> int:
                         help="seconds within which every upload must have feedback (900)")
     parser.add_argument("--alone", type=int, default=5,
                         help="uploads of the learner alone in the queue (default 5)")
-    parser.add_argument("--keep", type=Path, default=None,
-                        help="build the scratch course here and keep it (default: a temp dir)")
+    add_keep_option(parser)
     args = parser.parse_args(argv)
     if args.learners < 1 or args.jobs < 1 or args.alone < 1 or args.spread < 0:
         parser.error("--learners, --jobs and --alone must be at least 1, --spread at least 0")
     assignment, notebook = args.assignment, ASSIGNMENTS[args.assignment]
-    base = args.keep or Path(tempfile.mkdtemp(prefix="submit-load-"))
-    base.mkdir(parents=True, exist_ok=True)
-    try:
+    with scratch_folder(args.keep, "submit-load-") as base:
         course = make_course(base, {assignment: notebook})
         learners = [student(n + 1) for n in range(args.learners)]
         (course / "roster.toml").write_text(
@@ -332,8 +269,11 @@ def main(argv=None) -> int:
               f"({kinds.count(CORRECT)} correct, {kinds.count(WRONG)} wrong, "
               f"{kinds.count(BROKEN_KIND)} broken); {args.jobs} job(s) on {cores} cores "
               f"({cpu_name()}), Python {platform.python_version()}", flush=True)
-        people = tokens(course)
-        server = Server(course, args.jobs).start()
+        try:
+            people = issue_tokens(course)
+            server = ServiceProcess(course, jobs=args.jobs, cwd=course)
+        except RuntimeError as error:
+            sys.exit(str(error))
         try:
             # warm-up: the fork server's first kernel; not counted
             alone(server.url, people[ALONE], lone, assignment, 1)
@@ -361,15 +301,8 @@ def main(argv=None) -> int:
             print(table(Measured(args.learners, wall, statistics.median(latencies),
                                  percentile(latencies, 0.95), grade_wall,
                                  statistics.median(lone_seconds))))
-        if problems:
-            print(f"\n{len(problems)} uploads without feedback or with the wrong kind of "
-                  "result:", file=sys.stderr)
-            print("\n".join(f"  {line}" for line in problems[:50]), file=sys.stderr)
-            return 1
-        return 0
-    finally:
-        if args.keep is None:
-            shutil.rmtree(base, ignore_errors=True)
+        return report_problems(problems, "uploads without feedback or with the wrong kind of "
+                                         "result")
 
 
 if __name__ == "__main__":

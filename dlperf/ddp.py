@@ -527,37 +527,33 @@ def sharding_job(rank: int, world_size: int, config: dict) -> dict:
         return [(p.full_tensor() if hasattr(p, "full_tensor") else p).detach()
                 for p in model.parameters()]
 
+    def ddp_adam():
+        model = _ddp(copy.deepcopy(base), device)
+        return model, torch.optim.Adam(model.parameters(), lr=lr)
+
+    def ddp_zero():
+        model = _ddp(copy.deepcopy(base), device)
+        return model, ZeroRedundancyOptimizer(model.parameters(),
+                                              optimizer_class=torch.optim.Adam, lr=lr)
+
+    def fsdp_adam():
+        model = copy.deepcopy(base)
+        for block in model:  # each block all-gathers its parameters on its own, then the rest
+            fully_shard(block, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        return model, torch.optim.Adam(model.parameters(), lr=lr)
+
     results, finals, peaks, collectives = {}, {}, {}, {}
     mesh = init_device_mesh(device.type, (world_size,))
-    setup = "DDP + Adam"
-    with AllocationPeak(device) as peak:
-        ddp_model = _ddp(copy.deepcopy(base), device)
-        adam = torch.optim.Adam(ddp_model.parameters(), lr=lr)
-        train(ddp_model, adam, setup)
-    peaks[setup] = peak.peak_bytes
-    results[setup], finals[setup] = held_bytes(ddp_model, adam), full_parameters(ddp_model)
-    del ddp_model, adam
-
-    setup = "DDP + ZeroRedundancyOptimizer"
-    with AllocationPeak(device) as peak:
-        ddp_model = _ddp(copy.deepcopy(base), device)
-        zero = ZeroRedundancyOptimizer(ddp_model.parameters(), optimizer_class=torch.optim.Adam,
-                                       lr=lr)
-        train(ddp_model, zero, setup)
-    peaks[setup] = peak.peak_bytes
-    results[setup], finals[setup] = held_bytes(ddp_model, zero), full_parameters(ddp_model)
-    del ddp_model, zero
-
-    setup = "FSDP2 fully_shard + Adam"
-    with AllocationPeak(device) as peak:
-        sharded = copy.deepcopy(base)
-        for block in sharded:  # each block all-gathers its parameters on its own, then the rest
-            fully_shard(block, mesh=mesh)
-        fully_shard(sharded, mesh=mesh)
-        adam = torch.optim.Adam(sharded.parameters(), lr=lr)
-        train(sharded, adam, setup)
-    peaks[setup] = peak.peak_bytes
-    results[setup], finals[setup] = held_bytes(sharded, adam), full_parameters(sharded)
+    setups = {"DDP + Adam": ddp_adam, "DDP + ZeroRedundancyOptimizer": ddp_zero,
+              "FSDP2 fully_shard + Adam": fsdp_adam}
+    for setup, build in setups.items():
+        with AllocationPeak(device) as peak:  # building the setup counts towards its peak
+            model, optimizer = build()
+            train(model, optimizer, setup)
+        peaks[setup] = peak.peak_bytes
+        results[setup], finals[setup] = held_bytes(model, optimizer), full_parameters(model)
+        del model, optimizer  # freed before the next setup is measured
     reference = finals["DDP + Adam"]
     differences = {name: max(float((a - b).abs().max()) for a, b in zip(params, reference))
                    for name, params in finals.items()}

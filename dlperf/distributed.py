@@ -72,13 +72,18 @@ def tcp_store(port: int, world_size: int, is_master: bool, timeout: float) -> di
 
 
 def init_process_group(rank: int, world_size: int, port: int, backend: str = "gloo",
-                       timeout: float = 60.0) -> None:
-    """Join a process group whose rendezvous store is on 127.0.0.1:``port`` (rank 0 hosts it)."""
+                       timeout: float = 60.0, device_id: Optional[torch.device] = None) -> None:
+    """Join a process group whose rendezvous store is on 127.0.0.1:``port`` (rank 0 hosts it).
+
+    ``device_id``, for NCCL, binds the group to this process's GPU: PyTorch then forms the
+    communicator at once instead of at the first collective, and makes the communicators of
+    subgroups by splitting it (``init_process_group``'s documentation)."""
     if backend == "gloo" and loopback_interface():
         os.environ.setdefault("GLOO_SOCKET_IFNAME", loopback_interface())
     store = tcp_store(port, world_size, is_master=(rank == 0), timeout=timeout)
+    extra = {"device_id": device_id} if device_id is not None else {}
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
-                            timeout=timedelta(seconds=timeout))
+                            timeout=timedelta(seconds=timeout), **extra)
 
 
 def start_method() -> str:
@@ -99,10 +104,12 @@ def _worker_entry(rank: int, fn: Callable, world_size: int, port: int, backend: 
     torch.set_num_threads(threads)
     joined = False
     try:
+        device_id = None
         if backend == "nccl":  # NCCL wants one GPU per process
-            torch.cuda.set_device(rank % torch.cuda.device_count())
+            device_id = torch.device("cuda", rank % torch.cuda.device_count())
+            torch.cuda.set_device(device_id)
         if backend is not None:
-            init_process_group(rank, world_size, port, backend, timeout)
+            init_process_group(rank, world_size, port, backend, timeout, device_id)
             joined = True
         result = fn(rank, world_size, *args)
     except BaseException:

@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Optional, Union
 
 import nbformat
@@ -426,3 +428,31 @@ def write(accident: Accident, assignment: str, path) -> None:
             target.write_bytes(made)
         else:
             nbformat.write(made, str(target))
+
+
+CELL_TIMEOUT = 20  # seconds per cell: the never-ending extra cell is stopped after this
+
+
+def grade_all(base: Path, assignment: str) -> dict:
+    """Hand every accident of ``assignment`` in under ``base/submitted`` (one student each,
+    named for the accident) and grade them with the README's command; student -> row of
+    grades.csv (the expected notebook's row, not a renamed file's)."""
+    import csv
+    import subprocess
+    import sys
+
+    from tests.assignments import ROOT
+    notebook = ASSIGNMENTS[assignment]
+    for accident in ACCIDENTS:
+        write(accident, assignment, base / "submitted" / accident.name / assignment
+              / f"{notebook}.ipynb")
+    done = subprocess.run(
+        [sys.executable, "-m", "autograder", "grade", "submitted", "--assignment", assignment,
+         "--out", "graded", "--course", str(ROOT), "--device", "cpu", "--no-progress",
+         "--cell-timeout", str(CELL_TIMEOUT)],
+        cwd=base, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True,
+        timeout=1200)
+    assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    with (base / "graded" / "grades.csv").open() as handle:
+        return {row["student_id"]: row for row in csv.DictReader(handle)
+                if row["notebook"] == notebook}

@@ -89,6 +89,22 @@ def course_run(tmp_path_factory):
     return instructor_steps(tmp_path_factory.mktemp("course"))
 
 
+@pytest.fixture(scope="session")
+def accident_rows(tmp_path_factory):
+    """``accident_rows(assignment)``: every accident of tests/accidents.py handed in for that
+    assignment and graded by ``python -m autograder grade`` (once per session): student
+    (the accident's name) -> its row of grades.csv."""
+    from tests.accidents import grade_all
+    graded = {}
+
+    def rows(assignment: str) -> dict:
+        if assignment not in graded:
+            graded[assignment] = grade_all(tmp_path_factory.mktemp(f"accidents-{assignment}"),
+                                           assignment)
+        return graded[assignment]
+    return rows
+
+
 @pytest.fixture(scope="module")
 def browser():
     """A headless Chromium (tests/browser.py) for the browser tests; skipped where none can be

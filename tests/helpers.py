@@ -2,12 +2,24 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import nbformat
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def autograder(*args, cwd=ROOT, env=None, timeout=600) -> subprocess.CompletedProcess:
+    """``python -m autograder ARGS`` as its user runs it (this checkout on the path, ``env``
+    added to the environment), to completion: its exit status and output."""
+    environment = dict(os.environ, PYTHONPATH=str(ROOT))
+    environment.update(env or {})
+    return subprocess.run([sys.executable, "-m", "autograder", *map(str, args)], cwd=cwd,
+                          env=environment, capture_output=True, text=True, timeout=timeout)
 EXECUTED = ROOT / "_build" / "jupyter_execute"
 
 
@@ -88,6 +100,10 @@ _UNREADABLE = {
     # A cell whose last line returns a tensor or a matplotlib artist shows its repr.
     "a tensor's repr": re.compile(r"\btensor\(.*grad_fn=<"),
     "a plot object's repr": re.compile(r"^\[?(Text|Annotation|Line2D)\(", re.MULTILINE),
+    # ax.set_ylim / set_xlim return the new limits, a pair of floats, shown if last in a cell
+    "a pair of axis limits": re.compile(r"^\((?:np\.float\d+\()?-?[\d.]+(?:e[-+]?\d+)?\)?, "
+                                        r"(?:np\.float\d+\()?-?[\d.]+(?:e[-+]?\d+)?\)?\)$",
+                                        re.MULTILINE),
 }
 HIDDEN = {"remove-cell", "remove-input"}
 VERDICT_NAME = re.compile(r"_(verdict|balance|margin)$")

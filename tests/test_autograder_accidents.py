@@ -8,42 +8,20 @@ sentence what is wrong, never a library's internal error.
 """
 from __future__ import annotations
 
-import csv
-import os
-import subprocess
-import sys
-
 import pytest
 
-from tests.accidents import ACCIDENTS, write
-from tests.assignments import ASSIGNMENTS, ROOT
+from tests.accidents import ACCIDENTS
+from tests.assignments import ASSIGNMENTS
 
 pytestmark = pytest.mark.integration
 
-CELL_TIMEOUT = 20  # seconds: the never-ending extra cell is stopped after this
 INTERNAL = ("Traceback", "local variable", "object has no attribute", "KeyError", "Unsupported",
             "codec", "Expecting value", "NBFormatError")
 
 
 @pytest.fixture(scope="module")
-def rows(tmp_path_factory):
-    found = {}
-    for assignment, notebook in ASSIGNMENTS.items():
-        base = tmp_path_factory.mktemp(assignment)
-        for accident in ACCIDENTS:
-            write(accident, assignment, base / "submitted" / accident.name / assignment
-                  / f"{notebook}.ipynb")
-        done = subprocess.run(
-            [sys.executable, "-m", "autograder", "grade", "submitted", "--assignment", assignment,
-             "--out", "graded", "--course", str(ROOT), "--device", "cpu", "--no-progress",
-             "--cell-timeout", str(CELL_TIMEOUT)],
-            cwd=base, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True,
-            timeout=1200)
-        assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-        with (base / "graded" / "grades.csv").open() as handle:
-            found[assignment] = {row["student_id"]: row for row in csv.DictReader(handle)
-                                 if row["notebook"] == notebook}  # (not a renamed file's row)
-    return found
+def rows(accident_rows):
+    return {assignment: accident_rows(assignment) for assignment in ASSIGNMENTS}
 
 
 @pytest.mark.parametrize("assignment", sorted(ASSIGNMENTS))

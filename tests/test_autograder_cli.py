@@ -14,14 +14,9 @@ import pytest
 from autograder.cli import parser
 from tests.autograder_fixtures.submissions import (COURSE, CPU_MAX_SCORE, RELEASE, answered,
                                                    graded_cases, write)
+from tests.helpers import autograder
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def autograder(*args, cwd=ROOT, timeout=600):
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.run([sys.executable, "-m", "autograder", *map(str, args)], cwd=cwd,
-                          env=env, capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.fixture(scope="module")

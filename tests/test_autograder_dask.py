@@ -27,6 +27,7 @@ from autograder.layout import Course, find_submissions
 from tests.autograder_fixtures.submissions import (COURSE, CPU_MAX_SCORE, GOOD_SQUARES, answered,
                                                    graded_cases, write)
 from tests.dask_cluster import CLUSTER_ENV, cluster, dask, stop  # noqa: F401 - cluster: a fixture
+from tests import helpers
 
 distributed = pytest.importorskip("distributed")
 
@@ -34,9 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 OPTIONS = GradeOptions(device="cpu", profile="quick", limits=Limits(cell=30, notebook=120))
 SLOW_SQUARES = "import time\ntime.sleep(3)\ndef squares(n):\n    return [k * k for k in range(n)]"
 def autograder(*args, env=None, timeout=300):
-    return subprocess.run([sys.executable, "-m", "autograder", *map(str, args)], cwd=ROOT,
-                          env=dict(os.environ, **CLUSTER_ENV, **(env or {})),
-                          capture_output=True, text=True, timeout=timeout)
+    return helpers.autograder(*args, env={**CLUSTER_ENV, **(env or {})}, timeout=timeout)
 
 
 MEASURED = ("seconds", "execution_time", "peak_memory")  # how long and how big, not scores

@@ -21,18 +21,13 @@ import pytest
 from autograder.options import GRADESCOPE_FILE_LIMIT, GRADESCOPE_ZIP_LIMIT
 from tests.assignments import (ASSIGNMENTS, HIDDEN, SOLUTIONS, release_notebook,
                                solution_notebook, submission)
+from tests.helpers import autograder
 
 ROOT = Path(__file__).resolve().parent.parent
 # The smallest assignment (its instructor's notebook), the quickest to grade
 ASSIGNMENT = min(ASSIGNMENTS, key=lambda a: (SOLUTIONS / a / f"{ASSIGNMENTS[a]}.ipynb")
                  .stat().st_size)
 NOTEBOOK = f"{ASSIGNMENTS[ASSIGNMENT]}.ipynb"
-
-
-def autograder(*args, cwd=ROOT, timeout=600):
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.run([sys.executable, "-m", "autograder", *map(str, args)], cwd=cwd,
-                          env=env, capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.fixture(scope="module")

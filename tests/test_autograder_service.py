@@ -12,6 +12,7 @@ guesses of submission ids. ``test_autograder_service_browser.py`` drives it in C
 from __future__ import annotations
 
 import csv
+import hashlib
 import http.cookiejar
 import io
 import json
@@ -91,6 +92,92 @@ def test_tokens_are_stored_only_as_their_hash(tmp_path):
     with sqlite3.connect(store.path) as db:
         dump = "\n".join(db.iterdump())
     assert not any(token in dump for token in issued.values())
+
+
+# ------------------------------------------------- unit tests: databases of earlier services
+
+FIXTURES = Path(__file__).resolve().parent / "autograder_fixtures"
+OLD_COLUMNS = ("student", "assignment", "notebook", "attempt", "path", "created", "days_late",
+               "state", "claim_seq", "started", "finished", "gradings", "status", "score",
+               "max_score", "penalty", "message", "seconds", "csv_row", "results", "executed")
+
+
+def old_database(path: Path, schema: int) -> list:
+    """A database as the service of ``schema`` left it (its SQL from git history): alan's
+    graded first attempt, his queued second, grace's upload cut off mid-grading, a token.
+    Returns the rows as stored."""
+    import contextlib
+    rows = [("alan", "demo", "demo", 1, "/u/alan/1/demo.ipynb", 100.0, 0, DONE, 1, 101.0,
+             130.0, 1, "graded", 5.0, 8.0, 0.0, "5/8 points", 29.0, '{"score": "5"}',
+             "/g/1/demo.results.json", "/g/1/demo.ipynb"),
+            ("alan", "demo", "demo", 2, "/u/alan/2/demo.ipynb", 200.0, 1, QUEUED, None, None,
+             None, 0, None, None, None, None, None, None, None, None, None),
+            ("grace", "demo", "demo", 1, "/u/grace/1/demo.ipynb", 150.0, 0, GRADING, 2, 151.0,
+             None, 0, None, None, None, None, None, None, None, None, None)]
+    names = OLD_COLUMNS + (("key",) if schema >= 2 else ())
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        db.executescript((FIXTURES / f"service_db_schema{schema}.sql").read_text())
+        for n, row in enumerate(rows):
+            values = row + ((f"old-key-{n}",) if schema >= 2 else ())
+            db.execute(f"INSERT INTO submissions ({', '.join(names)}) VALUES "
+                       f"({', '.join('?' * len(names))})", values)
+        db.execute("INSERT INTO tokens VALUES ('alan', ?, 1.0)",
+                   (hashlib.sha256(b"alans-token").hexdigest(),))
+        db.commit()
+    return rows
+
+
+@pytest.mark.parametrize("schema", [1, 2])
+def test_a_database_of_an_earlier_service_is_migrated_keeping_every_row(tmp_path, schema):
+    from autograder.service_db import SCHEMA_VERSION
+    path = tmp_path / "service.db"
+    rows = old_database(path, schema)
+    store = Store(path)
+    migrated = store.rows("ORDER BY id")
+    assert [tuple(getattr(r, c) for c in OLD_COLUMNS) for r in migrated] == rows
+    keys = [r.key for r in migrated]
+    if schema == 1:  # fresh random keys, one each
+        assert len(set(keys)) == 3 and all(len(k) >= 20 and re.fullmatch(r"[\w-]+", k)
+                                           for k in keys), keys
+    else:  # the keys learners' links hold stay theirs
+        assert keys == ["old-key-0", "old-key-1", "old-key-2"]
+    assert all(r.phases is None and r.phase_seconds == {} for r in migrated)
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    # The file as it was, kept beside it
+    with sqlite3.connect(tmp_path / f"service.db.schema{schema}") as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == 0
+        assert db.execute("SELECT COUNT(*) FROM submissions").fetchone()[0] == 3
+    # It works as a new one does: tokens, ids in URLs, the queue, new uploads, results
+    assert store.person_of("alans-token") == "alan"
+    assert store.by_key(keys[0]).student == "alan"
+    assert store.requeue_interrupted() == 1 and store.queue() == [2, 3]  # alan served first
+    new = store.add("alan", "demo", "demo", store.next_attempt("alan", "demo", "demo"),
+                    tmp_path / "x", time.time(), 0)
+    assert store.get(new).attempt == 3 and store.get(new).key not in keys
+    claimed = store.claim_next()
+    assert store.finish(claimed.id, status="graded", phases='{"run cells": 1.5}')
+    assert store.get(claimed.id).phase_seconds == {"run cells": 1.5}
+    with sqlite3.connect(path) as db, pytest.raises(sqlite3.IntegrityError):
+        db.execute("UPDATE submissions SET key = ? WHERE id = ?", (keys[0], new))  # unique
+    # Opened again: nothing changes
+    assert [r.key for r in Store(path).rows("ORDER BY id")][:3] == keys
+
+
+def test_a_database_of_a_later_service_is_refused_untouched(tmp_path, capsys):
+    from autograder.service_db import SCHEMA_VERSION, DatabaseError
+    course = roster_course(tmp_path)
+    path = course / "service.db"
+    Store(path).add("alan", "demo", "demo", 1, path, 1.0, 0)
+    with sqlite3.connect(path) as db:
+        db.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    before = path.read_bytes()
+    with pytest.raises(DatabaseError, match="later version of the service"):
+        Store(path)
+    assert main(["serve", "--course", str(course), "--issue-tokens"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and f"schema {SCHEMA_VERSION + 1}" in err, err
+    assert "Traceback" not in err and path.read_bytes() == before
 
 
 # ------------------------------------------------------- unit tests: the configuration
@@ -212,7 +299,7 @@ class Server:
                 raise AssertionError("the server did not start: " + self.errors())
             found = re.search(r"at (http://127\.0\.0\.1:\d+)/", line)
             if found:
-                self.url = found.group(1)
+                self.url, self.banner = found.group(1), line
                 return
 
     def errors(self) -> str:
@@ -271,6 +358,24 @@ def queued_rows(server) -> list:
         return db.execute("SELECT id, student, path FROM submissions ORDER BY id").fetchall()
 
 
+def assert_phases_shown(page: str, db: Path) -> None:
+    """The instructor page shows each graded upload's seconds per grading phase: all of
+    them, adding up to no more than the seconds it took."""
+    from autograder.grade import PHASES
+    with sqlite3.connect(db) as connection:
+        graded = connection.execute("SELECT id, seconds FROM submissions WHERE status = "
+                                    "'graded' AND state = 'done'").fetchall()
+    assert graded
+    for submission_id, seconds in graded:
+        row = re.search(rf"<tr><td>{submission_id}</td>(.*?)</tr>", page).group(1)
+        cells = re.findall(r"<td>(.*?)</td>", row)
+        assert float(cells[9]) == seconds  # graded in (s), then its phases
+        shown = dict(re.findall(r"([\w ]+): (\d+\.\d\d)", cells[10]))
+        assert tuple(shown) == PHASES, cells[10]
+        assert sum(map(float, shown.values())) <= seconds + 0.01, (shown, seconds)
+        assert all(float(value) >= 0 for value in shown.values())
+
+
 def with_rules(tmp_path_factory, name: str) -> Path:
     """A copy of the fixture course with two more assignments (copies of demo): ``closed``
     (its deadline passed, late uploads refused) and ``late`` (a penalty per day)."""
@@ -322,7 +427,10 @@ def test_submit_uploads_waits_and_prints_the_feedback(service, alan_submitted):
     assert ["PASS", "test_mean", "1/1"] in lines
     assert ["FAIL", "test_partial", "1/2"] in lines
     assert "squares(3) gave [1, 4, 9], expected [0, 1, 4]" in out
-    assert "5 of 8 points." in out and "skipped on the CPU" in out
+    assert "5 of 8 points." in out and "1 GPU-only test worth 1 point skipped on the CPU" in out
+    # the GPU-only test: worth a point, not at stake on this CPU grader (as `check` shows it)
+    assert ["SKIPPED", "test_squares_gpu", "-/1"] in lines, out
+    assert "needs a CUDA GPU and this run used the CPU, so its points are not at stake" in out
     assert not any(code in out for code in HIDDEN_CODE)
     # Stored per learner per attempt, and graded once.
     uploads = server.course / "service-files" / "uploads" / "alan" / "demo" / "1"
@@ -362,6 +470,9 @@ def test_a_learner_hands_in_through_the_html_form(service):
     assert '<span class="PASS">PASS</span></td><td>test_mean</td><td>1/1' in text
     assert '<span class="FAIL">FAIL</span></td><td>test_mean_hidden (hidden test)</td>' in text
     assert "<b>6/8</b> points" in text
+    assert ('<span class="SKIPPED">SKIPPED</span></td><td>test_squares_gpu</td><td>-/1</td>'
+            '<td><pre>Skipped: this test needs a CUDA GPU and this run used the CPU, so its '
+            'points are not at stake.</pre>') in text
     assert not any(code in text for code in HIDDEN_CODE)
     with browser.open(where + "/notebook", timeout=60) as page:
         executed = nbformat.reads(page.read().decode(), as_version=4)
@@ -512,6 +623,7 @@ def test_the_instructor_page_grades_csv_gradebook_and_regrade(service, alan_subm
     assert status == 200 and "<th>learner</th><th>closed</th><th>demo</th><th>late</th>" in page
     assert re.search(r"<td>alan</td><td></td><td><a href=\"/submissions/[\w-]+\">8/8</a> graded", page)
     assert "grades.csv" in page and 'action="/instructor/regrade"' in page
+    assert_phases_shown(page, server.course / "service.db")
     status, body = request(f"{server.url}/instructor/grades.csv", ada)
     rows = list(csv.DictReader(io.StringIO(body.decode())))
     from autograder.report import CSV_COLUMNS

@@ -74,12 +74,12 @@ def hand_in(chromium: Chromium, path: Path, assignment: str = "demo") -> str:
                       f" s.value = {assignment!r}; return s.value; }})()")
     root = chromium.call("DOM.getDocument")["root"]["nodeId"]
     node = chromium.call("DOM.querySelector", nodeId=root,
-                         selector='form[action="/submit"] input[type=file]')["nodeId"]
+                         selector='form[action$="/submit"] input[type=file]')["nodeId"]
     assert node, "no file input on the page"
     chromium.call("DOM.setFileInputFiles", files=[str(path)], nodeId=node)
     assert chromium.evaluate("document.querySelector('input[type=file]').files[0].name") \
         == path.name
-    chromium.evaluate("document.querySelector('form[action=\"/submit\"] button').click()")
+    chromium.evaluate("document.querySelector('form[action$=\"/submit\"] button').click()")
     poll(chromium, f"location.href !== {before!r} && document.readyState === 'complete'")
     return chromium.evaluate("document.body.innerText")
 
@@ -126,7 +126,8 @@ def test_learners_hand_in_in_the_browser_and_the_instructor_gets_the_grades(
                      "explain": "MANUAL"}, first["rows"]
     tests = {row[1]: row[2] for row in first["rows"]}
     assert tests["test_mean"] == "1/1" and tests["test_squares (hidden test)"] == "2/2"
-    assert sum(float(p.split("/")[0]) for p in tests.values()) == 8.0
+    assert tests["test_squares_gpu"] == "-/1"  # worth a point, not at stake on the CPU
+    assert sum(float(p.split("/")[0]) for p in tests.values() if p[0] != "-") == 8.0
 
     # Then a wrong one: the failing tests and what they say.
     browser.open(server.url + "/")

@@ -73,6 +73,7 @@ def test_the_readability_check_finds_what_it_forbids():
         return nbformat.v4.new_notebook(cells=[cell])
 
     assert readability_problems(page("x = 1", "took 2.6 times as long\n")) == []
+    assert readability_problems(page("print(t)", "the pair (0.5, 2.0) was fastest\n")) == []
     assert readability_problems(page("glue('a', 1)", "", tags=["remove-cell"])) == []
     for source, text, stream in [
             ("glue('a', 1)", "", "stdout"),
@@ -85,7 +86,9 @@ def test_the_readability_check_finds_what_it_forbids():
             ("print(n)", "1 distinct checksum(s)", "stdout"),
             ("step()", "tensor(2.3917, grad_fn=<CompiledFunctionBackward>)", "stdout"),
             ("ax.annotate('all 8 jobs submitted', (0.1, 0.5))",
-             "Text(0.12183199999071803, 0.5, 'all 8 jobs submitted')", "stdout")]:
+             "Text(0.12183199999071803, 0.5, 'all 8 jobs submitted')", "stdout"),
+            ("ax.set_ylim(bottom=0)", "(0.0, 74.16289164742616)", "stdout"),
+            ("ax.set_xlim(1e-3, 2)", "(np.float64(0.001), np.float64(2.0))", "stdout")]:
         assert readability_problems(page(source, text, stream=stream)), (source, text)
     verdict = nbformat.v4.new_code_cell("", metadata={"tags": ["remove-cell"]})
     verdict.outputs = [nbformat.v4.new_output(

@@ -475,6 +475,240 @@ FACTS += [(_DDP, "zero1_8", lambda v: 2 + 2 + 12 / 8), (_DDP, "zero2_8", lambda 
           (_DDP, "zero_allreduce_per_param", lambda v: 1.0),
           (_DDP, "zero_broadcast_per_param", lambda v: 1.0)]
 
+_UM = "chapters/utilization-memory"
+
+
+def _um_expandable(v):
+    """utilization-memory: reserved over peak allocated bytes, default against expandable
+    segments, on a GPU; on a CPU there is nothing to compare."""
+    if not v["on_gpu"]:
+        return "so this run says nothing about which setting reserves less"
+    return ("so expandable segments reserved less" if v["expandable_ratio"] < v["default_ratio"]
+            else "so expandable segments reserved no less")
+
+
+def _um_reuse(v):
+    """utilization-memory: the segments the third recorded training step obtained from CUDA."""
+    if not v["on_gpu"]:
+        return "so there is no snapshot to describe"
+    return ("so the third step was served from the cache alone" if v["last_new_segments"] == 0
+            else "so even the third step needed new segments from CUDA")
+
+
+def _um_ckpt_time(v):
+    """utilization-memory: checkpointed over plain time (fastest runs), against a band of 10%
+    or, if wider, the spread of the fastest runs (second fastest over fastest, the larger of
+    the two variants')."""
+    band = max(0.10, v["ckpt_spread_pct"] / 100)
+    assert v["ckpt_band_pct"] == pytest.approx(100 * band)
+    r = v["ckpt_time_ratio"]
+    if r >= 1 + band:
+        return "slower than keeping the activations"
+    if r <= 1 / (1 + band):
+        return "faster than keeping the activations"
+    return (f"about as fast as keeping the activations, within the {100 * band:.0f}% "
+            "by which the fastest runs differed")
+
+
+def _um_count_rule(v):
+    """utilization-memory: counted FLOPs against 6N + 12 L s d, the largest relative gap."""
+    gap = v["count_rule_gap"]
+    if gap < 1e-12:
+        return ("the count and the rule agree exactly, because every product of this model is "
+                "one the rule describes, the weights of the Linear layers and the two attention "
+                "products")
+    return (f"the count and the rule differ by up to {100 * gap:.2f}%, so the model runs "
+            "products that the rule does not describe")
+
+
+def _um_overflow(v):
+    """utilization-memory: what converting 500 to float8_e4m3fn gave."""
+    if v["e4m3_of_500"] == v["e4m3_max"]:
+        return "the largest E4M3 number: the conversion saturates"
+    if math.isnan(v["e4m3_of_500"]):
+        return "NaN: the conversion does not saturate"
+    return "a number other than E4M3's largest"
+
+
+CLAIMS += [
+    (_UM, "step_share_verdict",
+     lambda v: ("at least half of what the large product reached" if v["matmul_share"] >= 50
+                else "less than half of what the large product reached"), False),
+    (_UM, "count_rule_verdict", _um_count_rule, False),
+    (_UM, "meta_rule_verdict",
+     lambda v: ("agreed exactly" if v["meta_max_rule_gap"] < 1e-12
+                else f"differed, by up to {100 * v['meta_max_rule_gap']:.2f}%"), False),
+    (_UM, "ckpt_time_verdict", _um_ckpt_time, False),
+    (_UM, "reuse_verdict", _um_reuse, False),
+    (_UM, "overlap_verdict",
+     lambda v: ("no longer than the backward pass, so it could hide entirely behind it"
+                if v["allreduce_ms"] <= v["backward_ms_again"]
+                else "longer than the backward pass, so part of it would always show"), False),
+    (_UM, "expandable_verdict", _um_expandable, False),
+    (_UM, "overflow_verdict", _um_overflow, False),
+    # the bound 2^-4 holds for values in the normal range; the largest error there is checked
+    (_UM, "fp8_error_verdict",
+     lambda v: ("within the 2^-4 that rounding to 3 mantissa bits allows there"
+                if v["fp8_max_error_normal"] <= 2**-4
+                else "beyond the 2^-4 that rounding to 3 mantissa bits allows there"), False),
+    (_UM, "unscaled_median_verdict",
+     lambda v: ("1, since more than half of the values became zero, each with a relative error of 1"
+                if v["fp8_zero_unscaled"] > 50 else f"{v['fp8_median_unscaled']:.3g}"), False),
+]
+# The FP8 formats' ranges follow from their bit layouts; backward costs twice the forward.
+FACTS += [(_UM, "e4m3_max", lambda v: 448.0), (_UM, "e5m2_max", lambda v: 57344.0),
+          (_UM, "e4m3_min_subnormal", lambda v: 2.0**-9),
+          (_UM, "e5m2_min_subnormal", lambda v: 2.0**-16),
+          (_UM, "backward_forward_ratio", lambda v: 2.0)]
+_MODEL = "chapters/model-parallelism"
+CLAIMS += [
+    (_MODEL, "tp_count_verdict",
+     lambda v: ("one allreduce of the whole activations, tokens × width elements, in each pass"
+                if v["tp_one_allreduce"] and v["tp_count_gap"] == 0
+                and v["tp_rank_mismatches"] == 0
+                else "not one allreduce of the activations in each pass on every rank"), False),
+    (_MODEL, "sp_traffic_verdict",
+     lambda v: ("the same number of elements as" if v["sp_gap"] < 0.5
+                else "a different number of elements from"), False),
+    (_MODEL, "sp_saved_verdict", lambda v: "less" if v["sp_saved_share"] < 100 else "no less",
+     False),
+    (_MODEL, "ring_verdict",
+     lambda v: "exactly the formula's" if v["ring_gap"] < 0.5 else "not the formula's", False),
+    (_MODEL, "bubble_sim_verdict",
+     lambda v: ("the formula's, to rounding" if v["bubble_gap"] < 1e-9
+                else "not always the formula's"), False),
+    (_MODEL, "pipe_sim_verdict",
+     lambda v: ("within 5 percentage points of what the simulator predicts from the same run's "
+                "operation times, for both schedules" if abs(v["pipe_sim_gap"]) <= 5 else
+                "more than 5 percentage points above what the simulator predicts from the same "
+                "run's operation times for at least one schedule, so time went to something the "
+                "simulator leaves out: the transfers and the waiting for them"
+                if v["pipe_sim_gap"] > 0 else
+                "more than 5 percentage points below what the simulator predicts from the same "
+                "run's operation times for at least one schedule: the simulator gives every "
+                "operation of a stage that stage's mean time, and the run's operations varied "
+                "around their means"), False),
+    (_MODEL, "flash_fit_verdict",
+     lambda v: ("more than a GPU's 80 GB" if v["act_flash_gb"] > 80
+                else "within a GPU's 80 GB"), False),
+    (_MODEL, "same_time_verdict",
+     lambda v: ("the same time, within 1%" if abs(v["same_time_ratio"] - 1) <= 0.01 else
+                "longer with GPipe" if v["same_time_ratio"] > 1 else "longer with 1F1B"), False),
+    (_MODEL, "pipe_formula_verdict",
+     lambda v: ("no more than 5 percentage points above the formula for both schedules"
+                if v["pipe_formula_gap"] <= 5 else
+                "more than 5 percentage points above the formula for at least one schedule"),
+     False),
+    (_MODEL, "pipe_memory_verdict",
+     lambda v: ("less memory than GPipe's" if v["ofob_peak"] < v["gpipe_peak"]
+                else "no less memory than GPipe's"), False),
+    (_MODEL, "pipe_time_verdict",
+     lambda v: ("about as long as 1F1B, within 10%" if abs(v["pipe_time_ratio"] - 1) <= 0.10 else
+                "longer than 1F1B" if v["pipe_time_ratio"] > 1 else "less time than 1F1B"), False),
+    (_MODEL, "peak_flight_verdict",
+     lambda v: "smaller than" if v["peak_ratio"] < v["flight_ratio"] else "no smaller than", False),
+    (_MODEL, "torch_tp_verdict",
+     lambda v: ("the same collectives, of the same sizes, in the same groups"
+                if v["torch_tp_mismatches"] == 0
+                else f"different collectives on {v['torch_tp_mismatches']} of the ranks"), False),
+]
+# Korthikanti et al. (MLSys 2023)'s activation bytes per layer, sbh(34 + 5as/h), for GPT-3's layer
+# (s = 2048, h = 12288, a = 96, one sequence): 34 + 80 = 114 unsplit; 10 + 24/8 + 80/8 = 23
+# with 8-way tensor parallelism; 114/8 with sequence parallelism too; 96 layers. Without the
+# attention matrices (fused attention): 34, 10 + 24/8 = 13 and 34/8. At 131072 tokens, 64 times
+# as many, with 8-way tensor and sequence parallelism and fused attention: 64 * 34/8.
+_SBH = 2048 * 12288
+FACTS += [(_MODEL, "act_layer_gb", lambda v: _SBH * 114 / 1e9),
+          (_MODEL, "act_model_gb", lambda v: 96 * _SBH * 114 / 1e9),
+          (_MODEL, "act_tp8_gb", lambda v: 96 * _SBH * 23 / 1e9),
+          (_MODEL, "act_sp8_gb", lambda v: 96 * _SBH * 114 / 8 / 1e9),
+          (_MODEL, "act_flash_gb", lambda v: 96 * _SBH * 34 / 1e9),
+          (_MODEL, "act_tp8_flash_gb", lambda v: 96 * _SBH * 13 / 1e9),
+          (_MODEL, "act_sp8_flash_gb", lambda v: 96 * _SBH * 34 / 8 / 1e9),
+          (_MODEL, "attention_units", lambda v: 80.0),
+          (_MODEL, "act_units", lambda v: 114.0),
+          (_MODEL, "act_long_gb", lambda v: 96 * 64 * _SBH * 34 / 8 / 1e9),
+          (_MODEL, "states_tb", lambda v: 175e9 * 16 / 1e12),
+          (_MODEL, "zero3_64_gb", lambda v: 175e9 * 16 / 64 / 1e9),
+          (_MODEL, "bubble_4_8", lambda v: 100 * 3 / 11)]
+_AK = "chapters/attention-kernels"
+
+
+def _ak_growth(name):
+    """attention-kernels: a fitted log-log exponent of peak memory against sequence length."""
+    def rule(v):
+        e = v[name]
+        if e >= 1.75:
+            return "grew about as the square of the sequence length"
+        if e > 1.25:
+            return "grew faster than linearly but slower than the square"
+        return "grew no faster than about linearly"
+    return rule
+
+
+def _ak_flash(v):
+    """attention-kernels: the flash backend against the naive version (the same dtype; the math
+    backend computes 16-bit inputs in float32), fastest runs, 10% rule."""
+    if "FLASH_ATTENTION" not in v["backends_ran"].split(" and "):
+        return "could not be compared, because it did not run here"
+    return _mp_time("flash_speedup", "faster than the naive version",
+                    "slower than the naive version",
+                    "about as fast as the naive version, within 10%")(v)
+
+
+def _ak_outlook(name):
+    """attention-kernels: a GPU run explains what it measured; a CPU run only expects, hedged."""
+    def rule(v):
+        said = v[name]
+        if v["on_gpu"]:
+            assert not said.startswith(("This run had no GPU", "On a GPU")), said
+        else:
+            assert "can be expected" in said and "measures" in said, said
+        return said
+    return rule
+
+
+def _ak_graph(v):
+    """attention-kernels: CUDA graph replay against eager launches (GPU only), 10% rule."""
+    s = v["graph_speedup"]
+    if not v["on_gpu"]:
+        return "this run had no GPU, so it recorded and replayed no graph"
+    if s >= 1.10:
+        return f"the replay was {s:.2f} times as fast as eager launches"
+    if s <= 1 / 1.10:
+        return f"the replay was slower than eager launches, {s:.2f} times their speed"
+    return "the replay and eager launches took about the same time, within 10%"
+
+
+CLAIMS += [
+    *[(_AK, f"{key}_growth_verdict", _ak_growth(f"{key}_exponent"), False)
+      for key in ("naive", "sdpa", "blockwise")],
+    (_AK, "flash_verdict", _ak_flash, False),
+    (_AK, "flat_verdict",
+     lambda v: ("within 50% of each other, so a fixed cost per operation, not the arithmetic, "
+                "set the time" if v["small_ratio"] < 1.5 else
+                "more than 50% apart, so the arithmetic already showed at these sizes"), False),
+    (_AK, "graph_verdict", _ak_graph, False),
+    (_AK, "flash_outlook", _ak_outlook("flash_outlook"), False),
+    (_AK, "graph_outlook", _ak_outlook("graph_outlook"), False),
+    (_AK, "recompile_verdict",
+     lambda v: ("fewer than the changes of input, so at least one new input was served by a "
+                "graph compiled before it" if v["recompiles_default"] < v["input_changes"]
+                else "one for every new input"), False),
+    (_AK, "float_verdict",
+     lambda v: ("fewer than one per new value, so later values reused a graph compiled before "
+                "them" if v["float_recompiles"] < v["float_calls"] - 1
+                else "one for every new value"), False),
+    (_AK, "dynamic_verdict",
+     lambda v: ("fewer than with the default setting"
+                if v["recompiles_dynamic"] < v["recompiles_default"] else
+                "as many as with the default setting"
+                if v["recompiles_dynamic"] == v["recompiles_default"] else
+                "more than with the default setting"), False),
+]
+
+FACTS += [(_AK, "h100_bf16_tflops", lambda v: 989.5)]  # the H100 SXM datasheet, dense bf16
+
 # Verdicts glued under names made in a loop, which the source scan below cannot read.
 LOOPED = set()
 
@@ -543,6 +777,27 @@ def test_the_rules_catch_a_verdict_that_disagrees():
     far_below = {"gelu_eager_share": 11.0, "gelu_compiled_share": 6.0, "gelu_speedup": 5.4,
                  "gelu_roof_ratio": 9.0}
     assert _pm_gelu_bound(far_below).endswith("predicts nothing for this run")
+    # utilization-memory: a CPU run compares nothing; a conversion that gave NaN is no saturation
+    assert _um_expandable({"on_gpu": False, "default_ratio": float("nan"),
+                           "expandable_ratio": float("nan")}).startswith("so this run says nothing")
+    assert _um_reuse({"on_gpu": True, "last_new_segments": 2}).startswith("so even the third")
+    # utilization-memory once judged a 1.24 time ratio against 10% while its runs varied by 24%
+    noisy = {"ckpt_time_ratio": 1.2, "ckpt_spread_pct": 24.0, "ckpt_band_pct": 24.0}
+    assert _um_ckpt_time(noisy).startswith("about as fast")
+    assert _um_ckpt_time({**noisy, "ckpt_spread_pct": 3.0, "ckpt_band_pct": 10.0}).startswith("slower")
+    assert _um_count_rule({"count_rule_gap": 0.05}).startswith("the count and the rule differ")
+    assert _um_expandable({"on_gpu": True, "default_ratio": 1.4, "expandable_ratio": 1.1}) == (
+        "so expandable segments reserved less")
+    assert _um_overflow({"e4m3_of_500": float("nan"), "e4m3_max": 448.0}).startswith("NaN")
+    # attention-kernels: a CPU run states no graph speed-up; a sweep's exponent decides its words
+    assert _ak_graph({"on_gpu": False, "graph_speedup": float("nan")}).startswith("this run had no")
+    assert _ak_graph({"on_gpu": True, "graph_speedup": 1.05}).startswith("the replay and eager")
+    assert _ak_growth("e")({"e": 1.6}) != "grew about as the square of the sequence length"
+    assert _ak_flash({"backends_ran": "MATH", "flash_speedup": float("nan")}).startswith("could not")
+    assert _ak_flash({"backends_ran": "MATH and FLASH_ATTENTION", "flash_speedup": 3.2}) == (
+        "faster than the naive version")
+    with pytest.raises(AssertionError):  # a GPU prediction stated on a CPU run, unhedged
+        _ak_outlook("o")({"on_gpu": False, "o": "On a GPU the replay is several times as fast."})
 
 
 def test_every_verdict_a_page_glues_is_checked():
