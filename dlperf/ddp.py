@@ -26,6 +26,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .accelerators import synchronize
+from .distributed import OperatorWatch
 from .intervals import intersection, subtract, total, union  # noqa: F401 (the chapter's ddp.union)
 from .memory import AllocationPeak, optimizer_state_bytes, tensor_bytes
 
@@ -248,7 +249,7 @@ def _collective(name: str, args: tuple):
     return None
 
 
-class CollectiveCounter:
+class CollectiveCounter(OperatorWatch):
     """Counts the collectives that pass through PyTorch's dispatcher while the block runs.
 
     ``calls`` and ``elements`` per kind ('allreduce', 'broadcast', 'all-gather',
@@ -261,34 +262,17 @@ class CollectiveCounter:
     """
 
     def __init__(self):
+        super().__init__()
         self.calls: Dict[str, int] = {}
         self.elements: Dict[str, int] = {}
-        self._mode = None
 
-    def _note(self, func, args):
+    def note(self, func, types, args) -> bool:
         found = _collective(str(func), args)
         if found is not None:
             kind, elements = found
             self.calls[kind] = self.calls.get(kind, 0) + 1
             self.elements[kind] = self.elements.get(kind, 0) + elements
-
-    def __enter__(self) -> "CollectiveCounter":
-        from torch.utils._python_dispatch import TorchDispatchMode
-
-        counter = self
-
-        class _Mode(TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                counter._note(func, args)
-                return func(*args, **(kwargs or {}))
-
-        self._mode = _Mode()
-        self._mode.__enter__()
-        return self
-
-    def __exit__(self, *exc) -> bool:
-        self._mode.__exit__(*exc)
-        return False
+        return True
 
     def sent_per_element(self, n: int, per: int) -> float:
         """Elements each process sends, per element of a model of ``per`` elements, with

@@ -510,3 +510,36 @@ def kv_sgd_job(rank: int, world_size: int, port: int, steps: int, lr: float,
     seconds = time.perf_counter() - start
     client.close()
     return {"losses": losses, "seconds": seconds}
+
+
+class OperatorWatch:
+    """A context manager that shows :meth:`note` every operator passing through PyTorch's
+    dispatcher while it is active, in this thread and in the threads autograd runs the
+    backward pass on (a ``TorchDispatchMode``): the collective counters of the DDP and
+    model-parallel pages build on it. ``note`` returns False to step aside for a tensor
+    subclass's operator (DTensor), which then comes back as plain operators and collectives."""
+
+    def __init__(self):
+        self._mode = None
+
+    def note(self, func, types, args) -> bool:
+        raise NotImplementedError
+
+    def __enter__(self):
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        watch = self
+
+        class _Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                if watch.note(func, types, args) is False:
+                    return NotImplemented
+                return func(*args, **(kwargs or {}))
+
+        self._mode = _Mode()
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        self._mode.__exit__(*exc)
+        return False

@@ -31,6 +31,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F
 
+from .distributed import OperatorWatch
+
 # ---------------------------------------------------------------- counting communication
 # What one process sends per element of a collective's full tensor, with ring algorithms.
 RING_SENT = {"allreduce": lambda n: 2 * (n - 1) / n,
@@ -102,7 +104,7 @@ def classify(name: str, args: tuple, default_size: int = 1):
     return None
 
 
-class CommCounter:
+class CommCounter(OperatorWatch):
     """Counts the communication of the block: every collective and every send that passes
     through PyTorch's dispatcher, in this thread and in the threads autograd runs the backward
     pass on. ``records`` holds ``(kind, elements, group size)`` per call; elements are those of
@@ -113,31 +115,21 @@ class CommCounter:
     """
 
     def __init__(self):
+        super().__init__()
         self.records: List[tuple] = []
-        self._mode = None
+        self._default = 1
 
     def __enter__(self) -> "CommCounter":
-        from torch.utils._python_dispatch import TorchDispatchMode
+        self._default = dist.get_world_size() if dist.is_initialized() else 1
+        return super().__enter__()
 
-        counter = self
-        default = dist.get_world_size() if dist.is_initialized() else 1
-
-        class _Mode(TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                if any(getattr(t, "__name__", "") == "DTensor" for t in types):
-                    return NotImplemented
-                found = classify(str(func), args, default)
-                if found is not None:
-                    counter.records.append(found)
-                return func(*args, **(kwargs or {}))
-
-        self._mode = _Mode()
-        self._mode.__enter__()
-        return self
-
-    def __exit__(self, *exc) -> bool:
-        self._mode.__exit__(*exc)
-        return False
+    def note(self, func, types, args) -> bool:
+        if any(getattr(t, "__name__", "") == "DTensor" for t in types):
+            return False
+        found = classify(str(func), args, self._default)
+        if found is not None:
+            self.records.append(found)
+        return True
 
     def calls(self) -> Dict[str, int]:
         out: Dict[str, int] = {}

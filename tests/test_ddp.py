@@ -182,11 +182,11 @@ def test_zero_redundancy_traffic_is_half_as_much_again_as_zero1():
 def test_collective_counter_names_kinds_and_full_sizes():
     """Sizes are those of the full tensor: an all-gather's output, a reduce-scatter's input."""
     counter = ddp.CollectiveCounter()
-    counter._note("c10d.allreduce_.default", ([torch.zeros(6), torch.zeros(4)], None))
-    counter._note("c10d.broadcast_.default", ([torch.zeros(10)], None))
-    counter._note("c10d._allgather_base_.default", (torch.zeros(10), torch.zeros(5)))
-    counter._note("c10d._reduce_scatter_base_.default", (torch.zeros(5), torch.zeros(10)))
-    counter._note("aten.add.Tensor", (torch.zeros(3), torch.zeros(3)))  # not a collective
+    counter.note("c10d.allreduce_.default", (), ([torch.zeros(6), torch.zeros(4)], None))
+    counter.note("c10d.broadcast_.default", (), ([torch.zeros(10)], None))
+    counter.note("c10d._allgather_base_.default", (), (torch.zeros(10), torch.zeros(5)))
+    counter.note("c10d._reduce_scatter_base_.default", (), (torch.zeros(5), torch.zeros(10)))
+    counter.note("aten.add.Tensor", (), (torch.zeros(3), torch.zeros(3)))  # not a collective
     assert counter.calls == {"allreduce": 1, "broadcast": 1, "all-gather": 1, "reduce-scatter": 1}
     assert counter.elements == {"allreduce": 10, "broadcast": 10, "all-gather": 10,
                                 "reduce-scatter": 10}
