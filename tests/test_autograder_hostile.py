@@ -54,9 +54,13 @@ ISOLATED = isolation_available()
 GRADED_CASES = [case for case in CASES if ISOLATED or not case.isolated]
 
 
-def kernel_processes() -> list:
-    """Processes working in a grader's run folder, running as the kernels' user (nobody), or
-    started by a trick ('sleep 1000000')."""
+def kernel_processes(grader_pid: int) -> list:
+    """Processes the grader with this pid left behind: those in a resource group (cgroup) it
+    made, working in its run folder, or started by a trick ('sleep 1000000'). Scoped to that
+    grader, so that another grader running on the machine (another checkout's tests) is not
+    counted; a kernel's processes cannot leave their cgroup, so none escapes the first test."""
+    mark_group = f"/autograder-{grader_pid}-"
+    mark_folder = f"/autograder-run-{grader_pid}-"
     found = []
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
@@ -64,16 +68,37 @@ def kernel_processes() -> list:
         try:
             cwd = os.readlink(f"/proc/{entry.name}/cwd")
             cmdline = Path(f"/proc/{entry.name}/cmdline").read_bytes().replace(b"\0", b" ")
-            uid = os.stat(f"/proc/{entry.name}").st_uid
+            groups = Path(f"/proc/{entry.name}/cgroup").read_text()
             state = Path(f"/proc/{entry.name}/stat").read_text().rsplit(")", 1)[1].split()[0]
         except (OSError, IndexError):
             continue
         if state == "Z":
             continue  # exited, waiting for its parent to collect it: nothing runs
-        if "/autograder-run-" in cwd or b"sleep 1000000" in cmdline or \
-                (os.geteuid() == 0 and uid == 65534):
+        if mark_group in groups or mark_folder in cwd or b"sleep 1000000" in cmdline:
             found.append((int(entry.name), cwd, cmdline[:80]))
     return found
+
+
+@pytest.mark.skipif(not ISOLATED, reason="needs root and writable cgroups")
+def test_the_leftover_check_sees_the_graders_processes_only(tmp_path):
+    """A process in a resource group this process made, or working in its run folder, is
+    found; the same under another grader's pid is not."""
+    group = ResourceGroup.create(2**30, 64)
+    folder = tmp_path / f"autograder-run-{os.getpid()}-x"
+    folder.mkdir()
+    in_group = subprocess.Popen(["sleep", "60"], preexec_fn=lambda: [
+        Path(path, "cgroup.procs").write_text(str(os.getpid())) for path in group.paths])
+    in_folder = subprocess.Popen(["sleep", "60"], cwd=folder)
+    try:
+        found = {pid for pid, _, _ in kernel_processes(os.getpid())}
+        assert {in_group.pid, in_folder.pid} <= found, found
+        others = {pid for pid, _, _ in kernel_processes(os.getpid() + 1)}
+        assert not {in_group.pid, in_folder.pid} & others, others
+    finally:
+        in_folder.kill()
+        in_folder.wait()
+        group.close()
+        in_group.wait()
 
 
 @pytest.fixture(scope="module")
@@ -107,14 +132,21 @@ def graded(tmp_path_factory):
             target.write_text(content)
     SENTINEL.unlink(missing_ok=True)
     protected = fingerprint(submitted, ROOT / "solutions", ROOT / "exercises", ROOT / "autograder")
-    done = subprocess.run(
+    grader = subprocess.Popen(
         [sys.executable, "-m", "autograder", "grade", str(submitted), "--assignment", ASSIGNMENT,
          "--out", str(out), "--gradebook", f"sqlite:///{gradebook}", "--no-progress",
          "--timeout", str(TIMEOUT), "--cell-timeout", str(CELL_TIMEOUT),
          "--memory", str(MEMORY_GIB), "--disk", str(DISK_GIB),
          "--processes", str(PROCESS_LIMIT), "--jobs", "2"],
-        cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True,
-        timeout=1500)
+        cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = grader.communicate(timeout=1500)
+    except subprocess.TimeoutExpired:
+        grader.kill()
+        grader.communicate()
+        raise
+    done = subprocess.CompletedProcess(grader.args, grader.returncode, stdout, stderr)
     with (out / "grades.csv").open() as handle:
         rows = list(csv.DictReader(handle))
     reached = []
@@ -130,7 +162,7 @@ def graded(tmp_path_factory):
     victim.kill()
     victim.wait()
     return {"done": done, "rows": rows, "out": out, "submitted": submitted,
-            "protected": protected, "gradebook": gradebook, "left": kernel_processes(),
+            "protected": protected, "gradebook": gradebook, "left": kernel_processes(grader.pid),
             "reached": reached, "victim_alive": victim_alive}
 
 

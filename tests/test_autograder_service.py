@@ -353,13 +353,19 @@ def with_rules(tmp_path_factory, name: str) -> Path:
     return course
 
 
-@pytest.fixture(scope="module")
-def service(tmp_path_factory):
-    course = with_rules(tmp_path_factory, "service")
+def service_with_rules(tmp_path_factory, name: str):
+    """The service over a fresh :func:`with_rules` course in a folder named ``name``, and
+    everyone's token; stopped cleanly (SIGTERM) at the end. For a module's fixture."""
+    course = with_rules(tmp_path_factory, name)
     people = tokens(course)
     server = Server(course)
     yield server, people
-    server.kill(signal.SIGTERM)
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory):
+    yield from service_with_rules(tmp_path_factory, "service")
 
 
 @pytest.fixture(scope="module")

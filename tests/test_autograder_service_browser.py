@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import csv
 import io
-import signal
 import time
 from pathlib import Path
 
@@ -26,8 +25,7 @@ import pytest
 
 from tests.autograder_fixtures.submissions import answered, write
 from tests.browser import Chromium, serve
-from tests.test_autograder_service import (OFF_BY_ONE, Server, autograder, tokens,
-                                           with_rules)
+from tests.test_autograder_service import OFF_BY_ONE, autograder, service_with_rules
 
 pytestmark = pytest.mark.integration
 
@@ -38,11 +36,7 @@ FEEDBACK_ROWS = """[...document.querySelectorAll('table tr')].slice(1).map(
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory):
-    course = with_rules(tmp_path_factory, "browser")
-    people = tokens(course)
-    server = Server(course)
-    yield server, people
-    server.kill(signal.SIGTERM)
+    yield from service_with_rules(tmp_path_factory, "browser")
 
 
 def poll(chromium: Chromium, expression: str, timeout: float = 120.0):
