@@ -33,7 +33,11 @@ the learner's, :func:`confine` turns it into a process that
 
 Namespaces, mounts, cgroups and the change of user need root (``CAP_SYS_ADMIN``); without
 root the limits and the audit hook still apply and :func:`confine` says what it could not
-do (the README's threat model lists what holds then). In the grader,
+do (the README's threat model lists what holds then). Where the machine does give a layer
+(:func:`machine_layers` finds out once per grader process), the grader lists it in the
+policy's ``required``, and a kernel that fails to get it (a transient failure under load)
+raises :class:`SandboxError` and never starts: no submission runs with less isolation than
+the machine gives the others. In the grader,
 :func:`autograder.processes.kill_all` kills whatever a kernel left running, and
 :meth:`~autograder.cgroups.ResourceGroup.close` kills every process still in its group.
 
@@ -65,6 +69,47 @@ PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS, PR_CAPBSET_DROP = 1, 38, 24
 # devices (/dev/null must work; the unprivileged user cannot open the others for writing).
 KEEP_WRITABLE = ("/proc", "/dev")
 NO_PID_NAMESPACE = "no private process space"  # confine's note when unshare(CLONE_NEWPID) fails
+# The layers a policy may require, each with the note confine gives when it cannot make it.
+GROUP, PROCESS_SPACE, FILE_SYSTEM, NETWORK, USER = (
+    "resource group", "process space", "file system view", "network", "user")
+LAYER_NOTES = {GROUP: "no resource group", PROCESS_SPACE: NO_PID_NAMESPACE,
+               FILE_SYSTEM: "no private file system view", NETWORK: "no private network",
+               USER: "privileges kept"}
+# Run as `python -I -S -c` by machine_layers: which namespaces root may make here.
+_NAMESPACE_PROBE = f"""
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+for layer, flags in (({NETWORK!r}, {CLONE_NEWNET | CLONE_NEWIPC}), ({PROCESS_SPACE!r}, {CLONE_NEWPID}),
+                     ({FILE_SYSTEM!r}, {CLONE_NEWNS})):
+    if libc.unshare(flags) == 0:
+        print(layer)
+"""
+
+
+class SandboxError(OSError):
+    """A layer the policy requires could not be made: the kernel must not start."""
+
+
+def machine_layers() -> Tuple[str, ...]:
+    """The namespaces a kernel started by this process can get on this machine (none
+    without root or off Linux), found once by trying them in a short-lived process. The
+    resource group and the change of user are decided by the grader itself."""
+    global _MACHINE_LAYERS
+    if _MACHINE_LAYERS is None:
+        found: Tuple[str, ...] = ()
+        if sys.platform.startswith("linux") and os.geteuid() == 0:
+            import subprocess
+            try:
+                done = subprocess.run([sys.executable, "-I", "-S", "-c", _NAMESPACE_PROBE],
+                                      capture_output=True, text=True, timeout=60)
+                found = tuple(sorted(set(done.stdout.split("\n")) & set(LAYER_NOTES)))
+            except (OSError, subprocess.SubprocessError):
+                pass
+        _MACHINE_LAYERS = found
+    return _MACHINE_LAYERS
+
+
+_MACHINE_LAYERS: Optional[Tuple[str, ...]] = None
 
 
 def _libc():
@@ -323,34 +368,30 @@ def confine(policy: Policy) -> List[str]:
                 importlib.import_module(name)
         except Exception as error:
             notes.append(f"could not preload {name}: {type(error).__name__}")
+    def attempt(layer: str, step, *args) -> bool:
+        """Make one layer; a note if it fails, or SandboxError if the policy requires it."""
+        try:
+            step(*args)
+            return True
+        except OSError as error:
+            note = f"{LAYER_NOTES[layer]} ({error.strerror or error})"
+            if layer in policy.required:
+                raise SandboxError(f"{note}, which this machine gives every kernel: the "
+                                   "kernel was not started") from error
+            notes.append(note)
+            return False
+
     linux = sys.platform.startswith("linux")
     if linux:
-        try:
-            _join_groups(policy.cgroups)
-        except OSError as error:
-            notes.append(f"no resource group ({error.strerror or error})")
-        own_proc = False
-        try:
-            _new_pid_namespace()
-            own_proc = True
-        except OSError as error:
-            notes.append(f"{NO_PID_NAMESPACE} ({error.strerror or error})")
-        try:
-            _confine_filesystem(policy, own_proc)
-        except OSError as error:
-            notes.append(f"no private file system view ({error.strerror or error})")
-        try:
-            _confine_network()
-        except OSError as error:
-            notes.append(f"no private network ({error.strerror or error})")
+        attempt(GROUP, _join_groups, policy.cgroups)
+        own_proc = attempt(PROCESS_SPACE, _new_pid_namespace)
+        attempt(FILE_SYSTEM, _confine_filesystem, policy, own_proc)
+        attempt(NETWORK, _confine_network)
         if os.geteuid() == 0 and policy.user >= 0:
             _give_to(policy.user, policy)
     _set_limits(policy)
     if linux:
-        try:
-            _drop_privileges(policy.user)
-        except OSError as error:
-            notes.append(f"privileges kept ({error.strerror or error})")
+        attempt(USER, _drop_privileges, policy.user)
     return notes
 
 
@@ -373,7 +414,11 @@ def start_kernel(policy: Policy, argv) -> None:
     # The grader's connection file is private to it: read it while we still may, and
     # give the kernel its own copy (the key in it is the kernel's to know anyway).
     connection = Path(argv[at]).read_bytes() if at is not None else None
-    notes = confine(policy)
+    try:
+        notes = confine(policy)
+    except SandboxError as error:  # before any of the learner's code: say why, and end
+        print(f"autograder sandbox: {error}", file=sys.stderr, flush=True)
+        os._exit(3)
     for note in notes:
         print(f"autograder sandbox: {note}", file=sys.stderr, flush=True)
     if not any(note.startswith(NO_PID_NAMESPACE) for note in notes) \

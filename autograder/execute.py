@@ -247,8 +247,8 @@ def execute(nb: nbformat.NotebookNode, workdir: Path, *, parameters: Dict[str, o
         message = (f"the kernel stopped responding in {_last_started(nb)} after the "
                    f"{limits.cell:g} s cell limit, and was stopped")
     except Exception as error:  # start-up failures and other nbclient/jupyter_client errors
-        started = launch.manager is not None and getattr(launch.manager, "has_kernel", False)
-        ended = "kernel-died" if started else "failed-to-start"
+        # Not ready (nbclient's hook never ran): it never answered, so no cell ran in it.
+        ended = "kernel-died" if ready else "failed-to-start"
         first_line = (str(error).strip().splitlines() or [""])[0]
         message = f"{type(error).__name__}: {first_line}".rstrip(": ")
     finally:

@@ -35,6 +35,7 @@ from .judge import FAILED, MANUAL, NOT_RUN, PARTIAL, PASSED, SKIPPED, TestResult
 from .layout import SourceNotebook, Submission, notebook_from_bytes, plural, submitted_bytes
 from .options import (COPY_BUDGET, CPU, KERNEL_CPU_MARGIN, GradeOptions, available_cores,
                       default)
+from .confine import GROUP, USER, machine_layers
 from .policy import Policy, closed_folders, python_paths, shown_paths
 from .rebuild import Rebuilt, TestCell, rebuild
 from .spawn import Spawner, open_spawner
@@ -148,10 +149,18 @@ def sandbox_policy(submission: Submission, source: SourceNotebook, workdir: Path
     if os.geteuid() == 0:  # the kernel will run as nobody: cover what nobody may not enter
         hidden.update(closed_folders(python_paths()))
     shown = shown_paths(hidden, python_paths())
+    # Every layer this machine gives a kernel is required of each kernel: one that fails to
+    # get it (a transient failure) does not start, rather than run with less.
+    required = set(machine_layers())
+    if group is not None:
+        required.add(GROUP)
+    if os.geteuid() == 0:
+        required.add(USER)
     return Policy(workdir=str(workdir), memory=options.memory, file_size=options.file_size,
                   disk=options.disk, cpu_seconds=int(options.limits.notebook) + KERNEL_CPU_MARGIN,
                   hidden=tuple(sorted(hidden)), shown=shown,
-                  cgroups=group.paths if group is not None else ())
+                  cgroups=group.paths if group is not None else (),
+                  required=tuple(sorted(required)))
 
 
 def trusted_checks(rebuilt: Rebuilt, executed: nbformat.NotebookNode, options: GradeOptions,
@@ -265,6 +274,38 @@ def kernel_environment(workdir: Path, options: GradeOptions) -> Dict[str, str]:
     return env
 
 
+KERNEL_START_ATTEMPTS = 2
+
+
+def _run_in_sandbox(rebuilt: Rebuilt, submission: Submission, source: SourceNotebook,
+                    options: GradeOptions, spawner: Spawner,
+                    phase: Callable[..., None]) -> Execution:
+    """Run the rebuilt notebook in a fresh working directory, resource group and kernel,
+    and remove them afterwards. ``phase(PREPARE)`` marks the end of the preparations."""
+    workdir = prepare_workdir(submission, source)
+    # Memory and processes of the kernel and all it starts, bounded by the Linux kernel.
+    group = ResourceGroup.create(options.memory_limit, options.processes)
+    policy = sandbox_policy(submission, source, workdir, options, group)
+    handle, name = tempfile.mkstemp(prefix="kernel-", suffix=".log", dir=run_dir())
+    os.close(handle)
+    log = Path(name)  # the kernel's own stderr: why it failed to start, if it does
+    phase(PREPARE)
+    try:
+        return execute(rebuilt.notebook, workdir,
+                       parameters={"autograder_device": options.device,
+                                   "autograder_profile": options.profile},
+                       limits=options.limits, env=kernel_environment(workdir, options),
+                       spawner=spawner, threads=options.threads, log=log,
+                       sandbox=policy.to_dict(), memory_limit=options.memory_limit,
+                       output_limit=options.output_limit, group=group)
+    finally:
+        if group is not None:
+            group.close()
+        log.unlink(missing_ok=True)
+        if not options.keep_workdirs:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
 def grade_submission(submission: Submission, source: Optional[SourceNotebook],
                      options: GradeOptions, spawner: Spawner) -> SubmissionResult:
     """The one pipeline for one notebook: read it, rebuild it on the reference, run it in a
@@ -319,28 +360,13 @@ def grade_submission(submission: Submission, source: Optional[SourceNotebook],
         return invalid(str(error), zero)
     phase(READ)
 
-    workdir = prepare_workdir(submission, source)
-    # Memory and processes of the kernel and all it starts, bounded by the Linux kernel.
-    group = ResourceGroup.create(options.memory_limit, options.processes)
-    policy = sandbox_policy(submission, source, workdir, options, group)
-    handle, name = tempfile.mkstemp(prefix="kernel-", suffix=".log", dir=run_dir())
-    os.close(handle)
-    log = Path(name)  # the kernel's own stderr: why it failed to start, if it does
-    phase(PREPARE)
-    try:
-        execution = execute(rebuilt.notebook, workdir,
-                            parameters={"autograder_device": options.device,
-                                        "autograder_profile": options.profile},
-                            limits=options.limits, env=kernel_environment(workdir, options),
-                            spawner=spawner, threads=options.threads, log=log,
-                            sandbox=policy.to_dict(), memory_limit=options.memory_limit,
-                            output_limit=options.output_limit, group=group)
-    finally:
-        if group is not None:
-            group.close()
-        log.unlink(missing_ok=True)
-        if not options.keep_workdirs:
-            shutil.rmtree(workdir, ignore_errors=True)
+    # A kernel that fails to start (say, its sandbox could not be made under load) ran none
+    # of the learner's code: start a fresh one, once.
+    for attempt in range(KERNEL_START_ATTEMPTS):
+        execution = _run_in_sandbox(rebuilt, submission, source, options, spawner,
+                                    phase if attempt == 0 else lambda *_: None)
+        if execution.ended != "failed-to-start":
+            break
     phase(KERNEL_START, min(execution.kernel_start, time.perf_counter() - mark[0]))
     phase(CELLS)  # the rest: the cells, stopping the kernel, removing its folder
 

@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import replace
 
 import pytest
 
+from autograder.confine import GROUP, USER, machine_layers
 from autograder.execute import Limits
 from autograder.device import cuda_available
 from autograder.grade import (ERROR, GRADED, INVALID, GradeOptions, LocalRunner, grade_submission,
@@ -112,6 +114,65 @@ def test_local_runner_gives_each_case_its_score(tmp_path, sources, kernel):
         tampered = by_student["tampered"]
         assert {t.grade_id: t.outcome for t in tampered.tests}["test_mean"] == PASSED
         assert "was edited" in tampered.message and "was missing" in tampered.message
+
+
+def failing_sandboxes(monkeypatch, tmp_path, failures: int) -> list:
+    """The first ``failures`` kernels of grade_submission are told to join a resource group
+    that cannot be made and to require it (as under a transient failure); the policies
+    it made are collected."""
+    import autograder.grade as grade
+    made, real = [], grade.sandbox_policy
+
+    def policy(*args, **kwargs):
+        made.append(real(*args, **kwargs))
+        if len(made) <= failures:
+            return replace(made[-1], cgroups=(str(tmp_path / "no-such-cgroup"),),
+                           required=tuple(sorted({*made[-1].required, GROUP})))
+        return made[-1]
+    monkeypatch.setattr(grade, "sandbox_policy", policy)
+    return made
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="cgroups are Linux's")
+def test_a_kernel_whose_sandbox_fails_is_started_again_once(monkeypatch, tmp_path, sources):
+    write(tmp_path / "in", "ann", answered())
+    made = failing_sandboxes(monkeypatch, tmp_path, failures=1)
+    submission = find_submissions(tmp_path / "in", "demo")[0]
+    result = grade_submission(submission, sources["demo"], OPTIONS, FreshInterpreter())
+    assert len(made) == 2
+    assert (result.status, result.score) == (GRADED, CPU_MAX_SCORE), result.message
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="cgroups are Linux's")
+def test_a_submission_is_never_run_with_less_isolation_than_required(monkeypatch, tmp_path,
+                                                                      sources):
+    write(tmp_path / "in", "ann", answered())
+    made = failing_sandboxes(monkeypatch, tmp_path, failures=2)
+    submission = find_submissions(tmp_path / "in", "demo")[0]
+    result = grade_submission(submission, sources["demo"], OPTIONS, FreshInterpreter())
+    assert len(made) == 2 and result.status == ERROR and result.score == 0
+    assert "no resource group" in result.message and "was not started" in result.message, \
+        result.message
+
+
+def test_the_policy_requires_what_this_machine_gives(tmp_path, sources):
+    """Every namespace the probe found, the resource group when there is one, and the
+    change of user for a root grader."""
+    from autograder.cgroups import ResourceGroup
+    from autograder.grade import sandbox_policy
+    write(tmp_path, "ann", answered())
+    submission = find_submissions(tmp_path, "demo")[0]
+    group = ResourceGroup.create(2**30, 64)
+    try:
+        policy = sandbox_policy(submission, sources["demo"], tmp_path, OPTIONS, group)
+    finally:
+        if group is not None:
+            group.close()
+    expected = set(machine_layers()) | ({GROUP} if group is not None else set()) | (
+        {USER} if os.geteuid() == 0 else set())
+    assert policy.required == tuple(sorted(expected))
 
 
 def test_resolve_device():

@@ -19,6 +19,7 @@ from nbformat.v4 import new_code_cell, new_notebook
 from autograder.execute import Limits, execute
 from autograder.grade import run_dir
 from autograder.cgroups import ResourceGroup, cgroup_places
+from autograder.confine import FILE_SYSTEM, GROUP, NETWORK, PROCESS_SPACE, machine_layers
 from autograder.policy import NOBODY, Policy, closed_folders, python_paths, shown_paths
 from autograder.spawn import fork_supported, open_spawner
 
@@ -138,3 +139,53 @@ def test_cgroup_places_are_read_from_mountinfo():
     assert cgroup_places(only_v2, "0::/outer/grader\n") == (
         2, {"memory": "/sys/fs/cgroup/grader", "pids": "/sys/fs/cgroup/grader"})
     assert cgroup_places("", "0::/\n") == (0, {})
+
+
+# A cell that says so if any of the learner's code ran.
+MARK = "print('RAN')"
+
+
+def run_with_group_folder(tmp_path, required: tuple, kernel: str = "fork"):
+    """A kernel told to join a cgroup folder that does not exist (its resource group cannot
+    be made, as under a transient failure), with ``required`` layers; what came of it."""
+    workdir = Path(tempfile.mkdtemp(prefix="submission-", dir=run_dir()))
+    policy = Policy(workdir=str(workdir), cgroups=(str(tmp_path / "no-such-cgroup"),),
+                    required=required, user=-1)
+    nb = new_notebook(cells=[new_code_cell(MARK)], metadata={"kernelspec": {
+        "name": "python3", "language": "python", "display_name": "Python 3"}})
+    spawner = open_spawner(kernel)
+    try:
+        done = execute(nb, workdir, parameters={}, limits=Limits(cell=60, notebook=120),
+                       spawner=spawner, sandbox=policy.to_dict(),
+                       env={"HOME": str(workdir), "TMPDIR": str(workdir)},
+                       log=tmp_path / "kernel.log")
+        return done, "RAN" in "".join(o.get("text", "") for o in done.notebook.cells[-1].outputs)
+    finally:
+        spawner.close()
+        import shutil
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="cgroups are Linux's")
+@pytest.mark.parametrize("kernel", ["fork", "fresh"])
+def test_a_kernel_that_cannot_get_a_required_layer_never_starts(tmp_path, kernel):
+    if kernel == "fork" and not fork_supported():
+        pytest.skip("no fork server here")
+    done, ran = run_with_group_folder(tmp_path, required=(GROUP,), kernel=kernel)
+    assert done.ended == "failed-to-start" and not ran, (done.ended, done.message)
+    assert "no resource group" in done.message and "was not started" in done.message, \
+        done.message
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="cgroups are Linux's")
+def test_a_layer_the_machine_does_not_give_is_a_note_and_the_kernel_runs(tmp_path):
+    done, ran = run_with_group_folder(tmp_path, required=())
+    assert done.ended == "completed" and ran, (done.ended, done.message)
+    assert "no resource group" in (tmp_path / "kernel.log").read_text()
+
+
+def test_the_grader_requires_every_namespace_a_root_grader_gets_here():
+    """What the probe finds is what the kernels of the tests above got: all three
+    namespaces as root on Linux, none otherwise."""
+    expected = {NETWORK, PROCESS_SPACE, FILE_SYSTEM} if ISOLATING else set()
+    assert set(machine_layers()) == expected
