@@ -27,6 +27,9 @@ The learner owns exactly one thing in a notebook: the *source* of its solution c
   environment before any of the notebook runs;
 * GPU-only test cells (``grade_id`` ending in ``_gpu``) are tagged ``skip-execution``
   when the device is the CPU, and reported as skipped.
+* read-only cells the instructor tagged ``skip-when-grading`` (an ungraded part that only
+  measures or shows, and costs time in every kernel) are tagged ``skip-execution``, and
+  are not part of the trusted checks' setup code.
 * a test cell split at ``### CHECKS`` keeps only its probe, followed by the report of
   the values its checks read (:mod:`.checks`); the checks themselves never reach the
   kernel;
@@ -52,6 +55,9 @@ HIDDEN_BEGIN, HIDDEN_END = "BEGIN HIDDEN TESTS", "END HIDDEN TESTS"
 CONTROL_TAGS = {"parameters", "injected-parameters", "skip-execution", "raises-exception",
                 "papermill-error-cell-tag"}
 KERNELSPEC = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
+# The instructor's tag for a read-only cell the grader does not run (a learner's copy of
+# the tag has no effect: known cells get the reference's metadata, the learner's own none).
+SKIP_WHEN_GRADING = "skip-when-grading"
 
 
 @dataclass(frozen=True)
@@ -115,6 +121,11 @@ def is_setup(cell) -> bool:
     """A read-only code cell of the instructor's (helpers, imports): trusted code."""
     return (cell.get("cell_type") == "code" and grade_id_of(cell) is not None
             and not is_test(cell) and not is_answer(cell))
+
+
+def skipped_when_grading(cell) -> bool:
+    """A read-only code cell the instructor tagged ``skip-when-grading``."""
+    return is_setup(cell) and SKIP_WHEN_GRADING in cell.get("metadata", {}).get("tags", [])
 
 
 def is_manual(cell) -> bool:
@@ -452,7 +463,8 @@ def rebuild(reference: nbformat.NotebookNode, submitted: nbformat.NotebookNode, 
 
     cells = [parameters_cell(device, profile), _fresh("code", SETUP_SOURCE, {})]
     cells[0]["id"], cells[1]["id"] = "autograder-parameters", "autograder-setup"
-    setup_code = "\n\n".join(ref.source for gid, ref in ref_cells.items() if is_setup(ref))
+    setup_code = "\n\n".join(ref.source for gid, ref in ref_cells.items()
+                             if is_setup(ref) and not skipped_when_grading(ref))
     known = setup_names(setup_code)
     tests: List[TestCell] = []
     manual: List[ManualCell] = []
@@ -464,6 +476,8 @@ def rebuild(reference: nbformat.NotebookNode, submitted: nbformat.NotebookNode, 
             continue
         ref = ref_cells[gid]
         points = float(_nbgrader(ref).get("points", 0) or 0)
+        if skipped_when_grading(ref):
+            cell.metadata.setdefault("tags", []).append("skip-execution")
         if is_test(ref):
             gpu_only = gid.endswith(GPU_SUFFIX)
             skipped = gpu_only and device != "cuda"

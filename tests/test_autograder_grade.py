@@ -175,6 +175,29 @@ def test_the_policy_requires_what_this_machine_gives(tmp_path, sources):
     assert policy.required == tuple(sorted(expected))
 
 
+@pytest.mark.integration
+def test_the_measure_part_of_predict_measure_is_not_run_when_grading(tmp_path):
+    """Its three read-only measure cells are tagged skip-when-grading: graded, the reference
+    answers get full marks and those cells no output; every other code cell ran."""
+    from pathlib import Path
+    root = Path(__file__).resolve().parent.parent
+    sources = Course.discover(root).source_notebooks("predict_measure")
+    folder = tmp_path / "ann" / "predict_measure"
+    folder.mkdir(parents=True)
+    (folder / "predict_measure.ipynb").write_bytes(
+        (root / "solutions" / "predict_measure" / "predict_measure.ipynb").read_bytes())
+    submission = find_submissions(tmp_path, "predict_measure")[0]
+    result = grade_submission(submission, sources["predict_measure"], OPTIONS,
+                              FreshInterpreter())
+    assert (result.status, result.score, result.max_score) == (GRADED, 17, 17), result.message
+    code = [c for c in result.executed.cells if c.cell_type == "code"]
+    measure = {c.metadata["nbgrader"]["grade_id"]: c for c in code
+               if c.metadata.get("nbgrader", {}).get("grade_id", "").startswith("measure_")}
+    assert sorted(measure) == ["measure_bytes", "measure_ring", "measure_roofline"]
+    assert all(c.outputs == [] and c.execution_count is None for c in measure.values())
+    assert all(c.execution_count is not None for c in code if c not in measure.values())
+
+
 def test_resolve_device():
     def device(requested: str) -> str:
         return GradeOptions(device=requested).resolve(cuda_available).device

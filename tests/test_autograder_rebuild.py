@@ -7,7 +7,8 @@ import nbformat
 import pytest
 
 from autograder.layout import SourceNotebook
-from autograder.rebuild import (CONTROL_TAGS, grade_id_of, rebuild, visible_part)
+from autograder.rebuild import (CONTROL_TAGS, SKIP_WHEN_GRADING, grade_id_of, rebuild,
+                                visible_part)
 from tests.autograder_fixtures.submissions import (GOOD_MEAN, GOOD_SQUARES, SOURCE, answered,
                                                    grade_id, released, tampered)
 
@@ -278,3 +279,43 @@ def test_without_any_known_cell_nothing_is_recreated(reference):
     rebuilt = rebuild(reference, nb)
     assert "NotImplementedError" in cell(rebuilt.notebook, "squares").source
     assert rebuilt.answered == {"squares": False, "mean": False, "explain": False}
+
+
+def with_skipped_cell(reference, **nbgrader):
+    """The reference with one more read-only cell after the setup, tagged by the instructor
+    ``skip-when-grading``; it calls the learner's function, as a measure part would."""
+    nb = copy.deepcopy(reference)
+    meta = {"grade": False, "grade_id": "measure", "locked": True, "schema_version": 3,
+            "solution": False, **nbgrader}
+    nb.cells.insert(2, nbformat.v4.new_code_cell(
+        "MEASURED = squares(3)", metadata={"nbgrader": meta, "tags": [SKIP_WHEN_GRADING]}))
+    return nb
+
+
+def test_read_only_cells_tagged_skip_when_grading_do_not_run(reference):
+    ref = with_skipped_cell(reference)
+    untagged = answered()  # the learner's copy of the cell, its tag removed and edited
+    untagged.cells.insert(2, nbformat.v4.new_code_cell("MEASURED = 0", metadata={
+        "nbgrader": dict(cell(ref, "measure").metadata["nbgrader"])}))
+    for submitted in (answered(), untagged):  # the cell missing, or the learner's copy
+        rebuilt = rebuild(ref, submitted)
+        skipped = cell(rebuilt.notebook, "measure")
+        assert "skip-execution" in skipped.metadata["tags"]
+        assert skipped.source == "MEASURED = squares(3)"
+        assert "MEASURED" not in rebuilt.setup_code  # never in the trusted checks' process
+        assert all("skip-execution" not in c.metadata.get("tags", [])
+                   for c in rebuilt.notebook.cells if grade_id_of(c) in ("squares", "mean"))
+
+
+def test_only_the_instructors_tag_on_a_read_only_cell_skips(reference):
+    nb = answered()
+    nb.cells.insert(3, nbformat.v4.new_code_cell(
+        "MINE = 1", metadata={"tags": [SKIP_WHEN_GRADING]}))  # a learner's own cell
+    rebuilt = rebuild(reference, nb)
+    mine = [c for c in rebuilt.notebook.cells if c.source == "MINE = 1"]
+    assert len(mine) == 1 and "skip-execution" not in mine[0].metadata.get("tags", [])
+    # on an answer cell the instructor's tag means nothing: answers always run
+    ref = copy.deepcopy(reference)
+    cell(ref, "squares").metadata["tags"] = [SKIP_WHEN_GRADING]
+    assert "skip-execution" not in cell(rebuild(ref, answered()).notebook, "squares"
+                                        ).metadata.get("tags", [])
