@@ -75,38 +75,66 @@ GROUP, PROCESS_SPACE, FILE_SYSTEM, NETWORK, USER = (
 LAYER_NOTES = {GROUP: "no resource group", PROCESS_SPACE: NO_PID_NAMESPACE,
                FILE_SYSTEM: "no private file system view", NETWORK: "no private network",
                USER: "privileges kept"}
-# Run as `python -I -S -c` by machine_layers: which namespaces root may make here.
-_NAMESPACE_PROBE = f"""
-import ctypes
-libc = ctypes.CDLL(None, use_errno=True)
-for layer, flags in (({NETWORK!r}, {CLONE_NEWNET | CLONE_NEWIPC}), ({PROCESS_SPACE!r}, {CLONE_NEWPID}),
-                     ({FILE_SYSTEM!r}, {CLONE_NEWNS})):
-    if libc.unshare(flags) == 0:
-        print(layer)
-"""
-
-
 class SandboxError(OSError):
     """A layer the policy requires could not be made: the kernel must not start."""
 
 
 def machine_layers() -> Tuple[str, ...]:
     """The namespaces a kernel started by this process can get on this machine (none
-    without root or off Linux), found once by trying them in a short-lived process. The
-    resource group and the change of user are decided by the grader itself."""
+    without root or off Linux), found once by making them as a kernel does, with the same
+    functions, in a short-lived process (a container may allow ``unshare`` and still deny
+    the mounts). The resource group and the change of user are decided by the grader."""
     global _MACHINE_LAYERS
     if _MACHINE_LAYERS is None:
         found: Tuple[str, ...] = ()
         if sys.platform.startswith("linux") and os.geteuid() == 0:
             import subprocess
+            package_parent = str(Path(__file__).resolve().parent.parent)
+            code = (f"import sys; sys.path.insert(0, {package_parent!r}); "
+                    "from autograder.confine import _probe_layers; _probe_layers()")
             try:
-                done = subprocess.run([sys.executable, "-I", "-S", "-c", _NAMESPACE_PROBE],
-                                      capture_output=True, text=True, timeout=60)
-                found = tuple(sorted(set(done.stdout.split("\n")) & set(LAYER_NOTES)))
+                done = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                                      text=True, timeout=60)
+                found = tuple(sorted(set(done.stdout.splitlines()) & set(LAYER_NOTES)))
             except (OSError, subprocess.SubprocessError):
                 pass
         _MACHINE_LAYERS = found
     return _MACHINE_LAYERS
+
+
+def _probe_layers() -> None:
+    """In a throwaway process: make each namespace layer in a child, as confine does, and
+    print the name of each that worked, one per line."""
+    import shutil
+    import tempfile
+
+    def in_child(step) -> bool:
+        pid = os.fork()
+        if pid == 0:
+            try:
+                step()
+                os._exit(0)
+            except BaseException:
+                os._exit(1)
+        return os.waitpid(pid, 0)[1] == 0
+
+    def in_pid_namespace(step) -> None:
+        """``step`` as PID 1 of a new PID namespace, as a kernel's init."""
+        _check(_libc().unshare(CLONE_NEWPID), "unshare(CLONE_NEWPID)")
+        if not in_child(step):
+            raise OSError("failed in the new PID namespace")
+
+    own_proc = in_child(lambda: in_pid_namespace(lambda: None))
+    workdir = tempfile.mkdtemp(prefix="autograder-probe-")
+    try:
+        policy = Policy(workdir=workdir, disk=2**20)
+        files = (lambda: in_pid_namespace(lambda: _confine_filesystem(policy, True))) \
+            if own_proc else (lambda: _confine_filesystem(policy, False))
+        works = {PROCESS_SPACE: own_proc, FILE_SYSTEM: in_child(files),
+                 NETWORK: in_child(_confine_network)}
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    print("\n".join(name for name, ok in works.items() if ok), flush=True)
 
 
 _MACHINE_LAYERS: Optional[Tuple[str, ...]] = None

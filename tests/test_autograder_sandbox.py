@@ -189,3 +189,18 @@ def test_the_grader_requires_every_namespace_a_root_grader_gets_here():
     namespaces as root on Linux, none otherwise."""
     expected = {NETWORK, PROCESS_SPACE, FILE_SYSTEM} if ISOLATING else set()
     assert set(machine_layers()) == expected
+
+
+@pytest.mark.skipif(not ISOLATING, reason="needs root on Linux to start the probe as nobody")
+def test_the_probe_finds_no_namespace_for_an_unprivileged_user():
+    """The probe makes the layers as a kernel does: where that fails (here: as nobody, who
+    may not make namespaces), it reports none, and none is required."""
+    import subprocess
+    root = str(Path(__file__).resolve().parent.parent)
+    # Imports first, as root: nobody may not enter the folder Python is installed in here.
+    code = (f"import os, shutil, sys, tempfile; sys.path.insert(0, {root!r}); "
+            "from autograder.confine import _libc, _probe_layers; _libc(); "
+            f"os.setgroups([]); os.setgid({NOBODY}); os.setuid({NOBODY}); _probe_layers()")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, cwd="/")
+    assert done.returncode == 0 and done.stdout.strip() == "", (done.stdout, done.stderr)
