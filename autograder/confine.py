@@ -75,6 +75,9 @@ GROUP, PROCESS_SPACE, FILE_SYSTEM, NETWORK, USER = (
 LAYER_NOTES = {GROUP: "no resource group", PROCESS_SPACE: NO_PID_NAMESPACE,
                FILE_SYSTEM: "no private file system view", NETWORK: "no private network",
                USER: "privileges kept"}
+_MACHINE_LAYERS: Optional[Tuple[str, ...]] = None  # machine_layers(), once found
+
+
 class SandboxError(OSError):
     """A layer the policy requires could not be made: the kernel must not start."""
 
@@ -135,9 +138,6 @@ def _probe_layers() -> None:
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     print("\n".join(name for name, ok in works.items() if ok), flush=True)
-
-
-_MACHINE_LAYERS: Optional[Tuple[str, ...]] = None
 
 
 def _libc():
@@ -396,6 +396,7 @@ def confine(policy: Policy) -> List[str]:
                 importlib.import_module(name)
         except Exception as error:
             notes.append(f"could not preload {name}: {type(error).__name__}")
+
     def attempt(layer: str, step, *args) -> bool:
         """Make one layer; a note if it fails, or SandboxError if the policy requires it."""
         try:
