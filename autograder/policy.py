@@ -34,7 +34,7 @@ class Policy:
     sockets: str = ""              # a folder for the kernel's Unix sockets (writable)
     cgroups: Tuple[str, ...] = ()  # the cgroup folders to join (see ResourceGroup)
     user: int = NOBODY             # run as this user and group when started as root
-    required: Tuple[str, ...] = ()  # layers (confine.LAYERS) without which the kernel must
+    required: Tuple[str, ...] = ()  # layers (confine.LAYER_NOTES) without which the kernel must
     #                                 not start: those this machine gives every kernel
 
     LISTS = ("hidden", "shown", "preload", "cgroups", "required")

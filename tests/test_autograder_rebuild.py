@@ -281,12 +281,12 @@ def test_without_any_known_cell_nothing_is_recreated(reference):
     assert rebuilt.answered == {"squares": False, "mean": False, "explain": False}
 
 
-def with_skipped_cell(reference, **nbgrader):
+def with_skipped_cell(reference):
     """The reference with one more read-only cell after the setup, tagged by the instructor
     ``skip-when-grading``; it calls the learner's function, as a measure part would."""
     nb = copy.deepcopy(reference)
     meta = {"grade": False, "grade_id": "measure", "locked": True, "schema_version": 3,
-            "solution": False, **nbgrader}
+            "solution": False}
     nb.cells.insert(2, nbformat.v4.new_code_cell(
         "MEASURED = squares(3)", metadata={"nbgrader": meta, "tags": [SKIP_WHEN_GRADING]}))
     return nb
