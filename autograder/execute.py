@@ -11,6 +11,11 @@ Three things make this differ from a plain ``papermill.execute_notebook``:
 * a watchdog kills the kernel's whole process group when the per-notebook limit is
   reached; the cells not reached yet keep no outputs, and the judge reports them as
   not run.
+* each cell records how the kernel answered it (its ``execute_reply`` status: ``ok``,
+  ``error`` or ``aborted``) in ``metadata.autograder.reply``; a cell whose reply says it
+  raised but that shows no error (the message could not be sent, or the learner's own
+  exception handler swallowed it) gets an error output made from the reply. A plain test
+  passes only on that positive evidence (see :mod:`.judge`).
 
 The notebook object is executed in memory and returned whatever happened; nothing is
 written next to the learner's files, so the test code (hidden tests included) never
@@ -70,17 +75,43 @@ def _prepare_for_papermill(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
     return nb
 
 
-def _mark_timeout(cell, execute_reply, **_) -> None:
-    """After a per-cell timeout the cell shows the KeyboardInterrupt our interrupt caused;
-    say what really happened instead (nbclient only puts it in the reply)."""
+REPLY_KEY = "autograder"  # cell metadata where the kernel's answer to the cell is recorded
+
+
+def reply_status(cell) -> Optional[str]:
+    """How the kernel answered the cell (``ok``, ``error``, ``aborted``); None: no answer."""
+    return cell.get("metadata", {}).get(REPLY_KEY, {}).get("reply")
+
+
+def _printable(text) -> str:
+    """``text`` without what JSON in UTF-8 cannot carry (lone surrogates)."""
+    return str(text or "").encode("utf-8", "replace").decode("utf-8")
+
+
+def _record_reply(cell, execute_reply, **_) -> None:
+    """Keep the kernel's answer to the cell, and make every error it reports visible.
+
+    After a per-cell timeout the cell shows the KeyboardInterrupt our interrupt caused;
+    say what really happened instead (nbclient only puts it in the reply). A reply with
+    status ``error`` but no error output is an error that never reached us as an output:
+    its message could not be encoded, or a handler set with ``set_custom_exc`` hid it."""
     content = (execute_reply or {}).get("content", {})
-    if content.get("ename") != TIMEOUT_ENAME:
-        return
-    cell.outputs = [o for o in cell.get("outputs", [])
-                    if not (o.get("output_type") == "error"
-                            and o.get("ename") == "KeyboardInterrupt")]
-    cell.outputs.append(nbformat.v4.new_output(
-        "error", ename=TIMEOUT_ENAME, evalue=content.get("evalue", ""), traceback=[]))
+    status = content.get("status")
+    cell.metadata[REPLY_KEY] = {"reply": status if isinstance(status, str) else None}
+    if content.get("ename") == TIMEOUT_ENAME:
+        cell.outputs = [o for o in cell.get("outputs", [])
+                        if not (o.get("output_type") == "error"
+                                and o.get("ename") == "KeyboardInterrupt")]
+        cell.outputs.append(nbformat.v4.new_output(
+            "error", ename=TIMEOUT_ENAME, evalue=content.get("evalue", ""), traceback=[]))
+    elif status != "ok" and not any(o.get("output_type") == "error"
+                                    for o in cell.get("outputs", [])):
+        why = (f"the kernel answered {status!r} but showed no error: it raised one that "
+               "could not be shown")
+        evalue = _printable(content.get("evalue"))
+        cell.outputs.append(nbformat.v4.new_output(
+            "error", ename=_printable(content.get("ename")) or "Error", traceback=[],
+            evalue=f"{evalue} ({why})" if evalue else why))
 
 
 def _last_started(nb: nbformat.NotebookNode) -> str:
@@ -233,7 +264,7 @@ def execute(nb: nbformat.NotebookNode, workdir: Path, *, parameters: Dict[str, o
                 "traceback": [],
             },
             shutdown_kernel="immediate",
-            on_cell_executed=_mark_timeout,
+            on_cell_executed=_record_reply,
             on_notebook_start=lambda **_: ready.append(time.perf_counter()),
             output_limit=output_limit, on_flood=on_flood,
         )

@@ -6,8 +6,11 @@ The evidence for a test is what its own cell did, as recorded in the executed no
 * an ``error`` output means the test failed; its exception name and message (the
   failing assertion's text) are the feedback, plus the failing line for tests the
   learner could see anyway -- never a line of a hidden test;
-* no error means it passed; output on stderr (warnings, progress) is *not* a failure,
-  unlike nbgrader, which fails any test cell that wrote to stderr;
+* no error, and the kernel's answer to the cell says it ran to its end (its
+  ``execute_reply`` status ``ok``, recorded by :mod:`.execute`), means it passed: a test
+  passes on that positive evidence, never because an error could not be reported; output
+  on stderr (warnings, progress) is *not* a failure, unlike nbgrader, which fails any
+  test cell that wrote to stderr;
 * a test split at ``### CHECKS`` (see :mod:`.checks`) passes only if its probe ran
   without error, reported its values exactly once, and the trusted checks passed on
   them; what the kernel printed or displayed otherwise decides nothing;
@@ -30,7 +33,7 @@ from typing import Dict, Iterable, List, Optional
 import nbformat
 
 from .checks import CheckOutcome, evidence_of
-from .execute import TIMEOUT_ENAME
+from .execute import TIMEOUT_ENAME, reply_status
 from .rebuild import ManualCell, TestCell
 
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -133,6 +136,9 @@ def judge_test(cell: Optional[dict], test: TestCell, stopped: str = "",
     if not ran:
         why = stopped or "the notebook stopped before this cell"
         return result(0.0, NOT_RUN, f"Not run: {why}.")
+    if _text(cell.get("source")).strip() and reply_status(cell) != "ok":
+        return result(0.0, FAILED, "Failed: the kernel never confirmed that this test ran to "
+                      f"its end (its answer: {reply_status(cell) or 'none'}).")
     shown = "" if test.hidden else _stdout(outputs)
     if test.checks is not None:
         reports, problem = evidence_of(cell)

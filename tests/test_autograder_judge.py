@@ -6,6 +6,7 @@ from nbformat.v4 import new_code_cell, new_notebook, new_output
 
 from autograder.judge import (FAILED, MANUAL, NOT_RUN, PARTIAL, PASSED, SKIPPED, describe_error,
                               judge, partial_credit)
+from autograder.execute import REPLY_KEY, TIMEOUT_ENAME, _record_reply
 from autograder.rebuild import ManualCell, TestCell
 
 TRACEBACK = [
@@ -16,9 +17,12 @@ TRACEBACK = [
 ]
 
 
-def run_cell(outputs, count=7, source="assert True"):
+def run_cell(outputs, count=7, source="assert True", reply="ok"):
+    """A test cell as execute leaves it: ``reply`` is the kernel's answer (None: none)."""
     cell = new_code_cell(source, outputs=outputs, execution_count=count)
     cell["id"] = "t"
+    if count is not None:
+        cell.metadata[REPLY_KEY] = {"reply": reply}
     return cell
 
 
@@ -116,3 +120,47 @@ def test_judge_is_a_pure_function_of_the_notebook():
     tests = [TestCell("test_x", 2.0, "t", False, False, False)]
     assert judge(nb, tests) == judge(nb, tests)
     assert nbformat.writes(nb) == before
+
+
+def test_a_plain_test_passes_only_when_the_kernel_says_it_ran_to_its_end():
+    # No error output is no evidence: the error may not have reached us (judge.py).
+    for reply in (None, "error", "aborted"):
+        result = verdict(run_cell([new_output("stream", name="stdout", text="ok\n")],
+                                  reply=reply))
+        assert (result.outcome, result.score) == (FAILED, 0.0), reply
+        assert "never confirmed" in result.output and str(reply or "none") in result.output
+    value = new_output("execute_result", data={"text/plain": "2"}, execution_count=7)
+    assert verdict(run_cell([value], reply="error")).outcome == FAILED
+    assert verdict(run_cell([], source="")).outcome == PASSED  # an empty cell runs nothing
+
+
+def reply(status, **content):
+    return {"content": {"status": status, **content}}
+
+
+def test_execute_records_the_reply_and_shows_an_error_it_was_not_sent():
+    silenced = new_code_cell("assert squares(3) == [0, 1, 4]")
+    _record_reply(silenced, reply("error", ename="UnicodeEncodeError",
+                                  evalue="can't encode character '\ud800'"))
+    assert silenced.metadata[REPLY_KEY] == {"reply": "error"}
+    [shown] = silenced.outputs
+    assert shown.output_type == "error" and shown.ename == "UnicodeEncodeError"
+    assert "could not be shown" in shown.evalue and "\ud800" not in shown.evalue
+    nbformat.writes(new_notebook(cells=[silenced]))  # the record can be saved
+    assert verdict(run_cell(silenced.outputs, reply="error")).outcome == FAILED
+
+    bare = new_code_cell("x")  # a reply without a name or message still says it raised
+    _record_reply(bare, reply("error"))
+    assert bare.outputs[0].ename == "Error" and "could not be shown" in bare.outputs[0].evalue
+
+    shown_error = new_code_cell("1/0", outputs=[error("ZeroDivisionError", "division by zero")])
+    _record_reply(shown_error, reply("error", ename="ZeroDivisionError", evalue="x"))
+    assert len(shown_error.outputs) == 1  # already visible: nothing added
+
+    fine = new_code_cell("pass")
+    _record_reply(fine, reply("ok"))
+    assert fine.outputs == [] and fine.metadata[REPLY_KEY] == {"reply": "ok"}
+
+    timed_out = new_code_cell("while True: pass", outputs=[error("KeyboardInterrupt", "")])
+    _record_reply(timed_out, reply("error", ename=TIMEOUT_ENAME, evalue="ran past 5 s"))
+    assert [o.ename for o in timed_out.outputs] == [TIMEOUT_ENAME]

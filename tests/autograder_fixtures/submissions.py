@@ -56,6 +56,17 @@ def tampered() -> nbformat.NotebookNode:
     return nb
 
 
+# Wrong squares() whose failing plain test reports no error output: the kernel's reply
+# still says the cell raised, and the test must fail on that (judge.py).
+SILENCED = ("def squares(n):\n    return []\n\n"
+            "# the learner's own handler swallows every exception a cell raises\n"
+            "get_ipython().set_custom_exc((Exception,), lambda *args, **kwargs: None)")
+UNSENDABLE = ("class Squares(list):\n"
+              "    def __repr__(self):  # a lone surrogate: the error's message cannot be sent\n"
+              "        return '\\ud800'\n\n"
+              "def squares(n):\n    return Squares()")
+
+
 # name -> (notebook, score on a CPU run)
 def graded_cases() -> Dict[str, tuple]:
     return {
@@ -70,6 +81,9 @@ def graded_cases() -> Dict[str, tuple]:
                                          "    return sum(values) / len(values)"), 6.0),
         # the tricks change nothing: it scores what its wrong squares() deserves
         "tampered": (tampered(), 5.0),
+        # test_squares fails (2) and half of test_partial (1), though no error is shown
+        "silenced_errors": (answered(squares=SILENCED), 5.0),
+        "unsendable_error": (answered(squares=UNSENDABLE), 5.0),
     }
 
 
