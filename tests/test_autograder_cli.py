@@ -75,7 +75,8 @@ def test_messages_say_why(graded):
 def test_summary_table_is_printed(graded):
     stdout = graded["done"].stdout
     assert "student" in stdout and "off_by_one" in stdout
-    assert "10 submission(s)" in stdout and "1 timeout, 1 error, 2 invalid" in stdout
+    assert f"{len(graded['expected'])} submission(s)" in stdout
+    assert "1 timeout, 1 error, 2 invalid" in stdout
 
 
 @pytest.mark.integration
