@@ -5,8 +5,12 @@ A test cell of the instructor's notebook is split at a line ``### CHECKS`` (see
 a call to :func:`emit`, which sends the values the checks will read as one
 ``display_data`` output of type :data:`MIME`. Only plain data crosses: numbers, strings,
 ``None``, lists, tuples and dicts of them, tensors (as their dtype, shape and values),
-dtypes, devices and built-in exceptions. Anything else crosses as an opaque stand-in
-that equals nothing, so an object whose ``__eq__`` always says yes proves nothing.
+dtypes, devices and built-in exceptions. A subclass of one of these plain types (a
+``typing.NamedTuple``, ``numpy.float64``, an ``IntEnum``, a ``defaultdict``) crosses as
+its base type's value, read with the base type's own methods (``float.__float__``,
+``tuple.__iter__``), so none of the subclass's code runs and the checks see what a plain
+value would give them. Anything else crosses as an opaque stand-in that equals nothing,
+so an object whose ``__eq__`` always says yes proves nothing.
 
 This module is imported by the kernel before any of the learner's code runs, and binds
 what it uses then: a learner who later replaces ``type``, ``isinstance`` or
@@ -23,10 +27,13 @@ MAX_BYTES = 8 * 1024 * 1024  # a report larger than this is refused, not sent
 MAX_DEPTH = 20
 
 _type, _isinstance, _len, _str, _repr, _list = type, isinstance, len, str, repr, list
+_issubclass = issubclass
 _dumps, _isfinite = json.dumps, math.isfinite
 _plain = (bool, int, float, str, type(None))
 _exceptions = {name: value for name, value in vars(builtins).items()
                if _isinstance(value, type) and issubclass(value, BaseException)}
+# A subclass's value, read by the base type's own slot (bool cannot be subclassed).
+_by_value = ((int, int.__int__), (float, float.__float__), (str, str.__str__))
 
 
 def _number(value):
@@ -42,11 +49,14 @@ def encode(value, depth: int = 0):
         return {"__opaque__": "too deeply nested"}
     if kind in _plain:
         return _number(value)
-    if kind is list or kind is tuple:
-        items = [encode(item, depth + 1) for item in _list.__iter__(value)] \
-            if kind is list else [encode(item, depth + 1) for item in tuple.__iter__(value)]
-        return items if kind is list else {"__tuple__": items}
-    if kind is dict:
+    for base, read in _by_value:
+        if _issubclass(kind, base):
+            return _number(read(value))
+    if _issubclass(kind, list):
+        return [encode(item, depth + 1) for item in _list.__iter__(value)]
+    if _issubclass(kind, tuple):
+        return {"__tuple__": [encode(item, depth + 1) for item in tuple.__iter__(value)]}
+    if _issubclass(kind, dict):
         if all(_type(key) is str for key in dict.keys(value)):
             return {"__dict__": {key: encode(item, depth + 1)
                                  for key, item in dict.items(value)}}
