@@ -1,4 +1,5 @@
-"""Command line: ``python -m autograder grade``, ``check``, ``serve``, ``submit`` and ``gradescope``."""
+"""Command line: ``python -m autograder grade``, ``check``, ``serve``, ``submit``, ``gradescope``
+and ``mutants``."""
 from __future__ import annotations
 
 import argparse
@@ -161,6 +162,26 @@ def parser() -> argparse.ArgumentParser:
     gradescope.add_argument("--course", type=Path, default=Path("."), metavar="DIR",
                             help="the course directory (default: the current directory)")
     add_time_limits(gradescope)
+
+    mutants = commands.add_parser(
+        "mutants", help="find the rules of an assignment that no test checks (mutation analysis)",
+        description="Change the instructor's answers one small way at a time (an operator, a "
+                    "comparison, a constant, a dropped statement, a negated condition, swapped "
+                    "arguments), grade each such mutant as a submission and list those that "
+                    "keep full marks. Exit 1 if any survives that equivalent_mutants.toml "
+                    "does not justify.")
+    mutants.add_argument("assignment", metavar="ASSIGNMENT",
+                         help="the assignment (a folder of the course's source directory)")
+    mutants.add_argument("--course", type=Path, default=Path("."), metavar="DIR",
+                         help="the course directory (default: the current directory)")
+    mutants.add_argument("--jobs", type=_positive(int), default=available_cores(), metavar="N",
+                         help="mutants graded at once (default: one per core, %(default)s here)")
+    mutants.add_argument("--device", choices=DEVICE_CHOICES, default=default("device"),
+                         help="where the mutants run (default %(default)s)")
+    mutants.add_argument("--profile", choices=PROFILE_CHOICES, default=default("profile"),
+                         help="the notebooks' profile (default %(default)s)")
+    add_time_limits(mutants)
+    add_kernel_options(mutants)
     return top
 
 
@@ -413,6 +434,24 @@ def _skip_unneeded_grammar() -> None:
     sys.modules.setdefault("rfc3987_syntax", None)
 
 
+def run_mutants(args: argparse.Namespace) -> int:
+    from .grade import LocalRunner
+    from .mutants import format_report, run_mutants as mutate
+    notebooks = _assignment_notebooks(args)
+    if not notebooks:
+        print(f"error: no assignment {args.assignment!r} with notebooks in the course",
+              file=sys.stderr)
+        return 2
+    with LocalRunner(args.jobs, args.kernel, spawner=_open_spawner(args, notebooks)) as runner:
+        try:
+            report = mutate(args.course, args.assignment, runner, grade_options(args))
+        except (FileNotFoundError, ValueError) as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
+    print(format_report(report))
+    return 0 if report.ok else 1
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     args = parser().parse_args(argv)
     _skip_unneeded_grammar()
@@ -425,4 +464,6 @@ def main(argv: Optional[List[str]] = None) -> int:
         return run_submit(args)
     if args.command == "gradescope":
         return run_gradescope(args)
+    if args.command == "mutants":
+        return run_mutants(args)
     return run_check(args)
