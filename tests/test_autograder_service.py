@@ -35,7 +35,7 @@ from autograder.service_db import DONE, GRADING, QUEUED, Store, fair_order
 from autograder.submit import multipart
 from tests.autograder_fixtures.submissions import COURSE, GOOD_SQUARES, answered, write
 from tests import helpers
-from tests.service_server import ServiceProcess, issue_tokens
+from tests.service_server import ServiceProcess, issue_tokens, sign_in
 
 ROOT = Path(__file__).resolve().parent.parent
 OFF_BY_ONE = "def squares(n):\n    return [k * k for k in range(1, n + 1)]"
@@ -412,9 +412,8 @@ def test_a_learner_hands_in_through_the_html_form(service):
     server, people = service
     jar = http.cookiejar.CookieJar()
     browser = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar))
-    with browser.open(f"{server.url}/signin?token={people['grace']}", timeout=60) as page:
-        home = page.read().decode()
-        assert page.url == f"{server.url}/"
+    where, home = sign_in(browser, server.url, people["grace"])
+    assert where == f"{server.url}/"
     assert "Signed in as <b>grace</b>" in home and 'enctype="multipart/form-data"' in home
     xsrf = re.search(r'name="_xsrf" value="([^"]+)"', home).group(1)
     nb = answered(mean="def mean(values):\n    values = list(values)\n"
