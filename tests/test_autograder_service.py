@@ -353,12 +353,13 @@ def with_rules(tmp_path_factory, name: str) -> Path:
     return course
 
 
-def service_with_rules(tmp_path_factory, name: str):
+def service_with_rules(tmp_path_factory, name: str, *extra):
     """The service over a fresh :func:`with_rules` course in a folder named ``name``, and
-    everyone's token; stopped cleanly (SIGTERM) at the end. For a module's fixture."""
+    everyone's token; ``extra``: more options of ``serve``; stopped cleanly (SIGTERM) at
+    the end. For a module's fixture."""
     course = with_rules(tmp_path_factory, name)
     people = tokens(course)
-    server = Server(course)
+    server = Server(course, *extra)
     yield server, people
     server.stop()
 
