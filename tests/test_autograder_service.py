@@ -508,7 +508,7 @@ def test_attempts_per_hour_and_the_deadline(service):
 def test_an_upload_over_the_limit_is_refused_with_its_size_and_not_queued(service):
     server, people = service
     before = queued_rows(server)
-    big = b"{" + b" " * (20 * 2**20 + 400 * 1024)  # 20.4 MiB, rounded up to one decimal
+    big = b"{" + b" " * (20 * 2**20 + 400 * 1024)  # 20.4 MiB, to one decimal
     body, kind = multipart({"assignment": "demo"}, "notebook", "demo.ipynb", big)
     status, answer = request(f"{server.url}/submit", people["grace"], body,
                              {"Content-Type": kind})

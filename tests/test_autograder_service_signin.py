@@ -378,3 +378,50 @@ def test_the_readme_names_the_grades_csv_columns_that_are_written():
     readme = (ROOT / "README.md").read_text()
     listed = re.search(r"`graded/grades\.csv` \(`([\w,]+)`", readme)
     assert listed and tuple(listed.group(1).split(",")) == CSV_COLUMNS, listed
+
+
+def test_a_database_of_the_service_before_sessions_gains_them(tmp_path):
+    """A schema 3 database (no sessions table): opened, it gains one, its tokens still sign
+    in, and a copy of the file as it was is kept beside it."""
+    import sqlite3
+    from autograder.service_db import SCHEMA_VERSION
+    path = tmp_path / "service.db"
+    Store(path).set_token("alan", "alans-token")
+    with sqlite3.connect(path) as db:  # as the service of schema 3 left it
+        db.execute("DROP TABLE sessions")
+        db.execute("PRAGMA user_version = 3")
+    store = Store(path)
+    assert store.person_of("alans-token") == "alan"
+    session = store.start_session("alan", 60.0)
+    assert store.session_person(session) == "alan" and store.session_person("x") is None
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
+        assert session not in "\n".join(db.iterdump())  # only its hash is stored
+    with sqlite3.connect(tmp_path / "service.db.schema3") as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == 3
+    store.set_token("alan", "a-new-token")  # new tokens end the person's sessions
+    assert store.session_person(session) is None
+
+
+def test_pages_on_a_hub_carry_the_same_headers():
+    """On a JupyterHub each page also has JupyterHub's ``HubOAuthenticated`` mixin: the
+    policy and headers stay ours (the mixin sets none of its own over them)."""
+    from types import SimpleNamespace
+    from unittest import mock
+    import tornado.httputil
+    import tornado.web
+    from autograder import service_pages as pages
+    from tests.test_autograder_service_hub import PREFIX, hub_signin
+    signin = hub_signin()
+    service = SimpleNamespace(signin=signin, form_targets="https://hub.example.org")
+    app = tornado.web.Application(service=service)
+    for page in (pages.Home, pages.Notebook, pages.GradesCsv, pages.NotFound):
+        handler = signin.page(page)(app, tornado.httputil.HTTPServerRequest(
+            start_line=tornado.httputil.RequestStartLine("GET", PREFIX, "HTTP/1.1"),
+            headers=tornado.httputil.HTTPHeaders({"Host": "hub.example.org"}),
+            connection=mock.Mock()))
+        headers = handler._headers
+        assert_safe_headers({**headers, "Content-Security-Policy": headers[
+            "Content-Security-Policy"].replace(" https://hub.example.org", "")}, page.__name__)
+        assert "form-action 'self' https://hub.example.org;" in \
+            headers["Content-Security-Policy"]
