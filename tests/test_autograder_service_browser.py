@@ -60,7 +60,7 @@ def sign_in(chromium: Chromium, server, token: str, lands_on: str) -> None:
     """Open the sign-in link; it asks "Sign in as ...?": click the page's button."""
     chromium.open(f"{server.url}/signin?token={token}")
     poll(chromium, "document.readyState === 'complete' && "
-                   "document.querySelector('form[action$=\"/signin\"] button')")
+                   "document.querySelector('form[action$=\"/signin\"] button') !== null")
     chromium.evaluate("document.querySelector('form[action$=\"/signin\"] button').click()")
     poll(chromium, f"location.pathname === {lands_on!r} && document.readyState === 'complete'")
 
