@@ -6,8 +6,9 @@ sign-in who is asking before anything is read; forms carry an XSRF token (Tornad
 JupyterHub's on a hub), and requests signed with ``Authorization: Bearer`` (the ``submit``
 command) need none. Every answer, error pages and downloads included, carries the headers
 of :data:`SECURITY_HEADERS` and a :func:`content_security_policy` that allows no script,
-no framing and forms to this service only; none is kept in a cache. Every address is under the sign-in's prefix: ``/`` standalone,
-``/services/NAME/`` on a JupyterHub; :meth:`Base.url` writes them.
+no framing and forms to this service only; none is kept in a cache. Every address is
+under the sign-in's prefix: ``/`` standalone, ``/services/NAME/`` on a JupyterHub;
+:meth:`Base.url` writes them.
 """
 from __future__ import annotations
 
@@ -180,7 +181,7 @@ class SignIn(Base):
             now = await self.service.signin.person(self)
         except Refused:
             now = None
-        who = escape(self.person.id)
+        who, token = escape(self.person.id), escape(self.get_query_argument("token"))
         already = ("" if now is None else
                    f"<p>This browser is signed in as <b>{escape(now.id)}</b> now; "
                    + ("this link is for the same person.</p>" if now == self.person else
@@ -190,7 +191,7 @@ class SignIn(Base):
                 "only if it is your own link, the one your instructor sent you: whoever signs "
                 "in hands in and sees grades as that person.</p>"
                 f'<form method=post action="{self.url("signin")}">{self.xsrf_form_html()}'
-                f'<input type=hidden name=token value="{escape(self.get_query_argument("token"))}">'
+                f'<input type=hidden name=token value="{token}">'
                 f"<button>Sign in as {who}</button></form>")
         self.finish(page(f"Sign in as {self.person.id}?", body))
 

@@ -7,8 +7,9 @@ site; a session that must end when it expires, at sign-out (its cookie replayed)
 the person is given a new token; the cookie behind a TLS proxy (``--behind-proxy``); the
 server's log after a refused and an accepted sign-in; the security headers of every route,
 the 404, the error pages and the downloads; a token that begins with ``-``, typed as the
-README writes it; a refusal that names the learner's file; sizes in MiB; the README's
-grades.csv columns.
+README writes it; a refusal that names the learner's file; sizes in MiB; what the README
+says is made (grades.csv's columns, the session's lifetime, the Gradescope zip's size); a
+database from before sessions; the headers of pages on a JupyterHub.
 """
 from __future__ import annotations
 
@@ -373,11 +374,30 @@ def test_a_size_over_the_limit_is_shown_to_the_nearest_tenth_of_a_mib(tmp_path, 
     assert mebibytes(size, MAX_NOTEBOOK_BYTES) == shown  # the service's refusal says it too
 
 
-def test_the_readme_names_the_grades_csv_columns_that_are_written():
+def test_the_readme_says_what_is_made(tmp_path):
+    """grades.csv's columns, the session's lifetime, the Gradescope zip's size."""
+    import zipfile
+    from autograder.options import SERVICE_SESSION_DAYS
     from autograder.report import CSV_COLUMNS
-    readme = (ROOT / "README.md").read_text()
+    readme = " ".join((ROOT / "README.md").read_text().split())
     listed = re.search(r"`graded/grades\.csv` \(`([\w,]+)`", readme)
     assert listed and tuple(listed.group(1).split(",")) == CSV_COLUMNS, listed
+    assert f"stays signed in for {SERVICE_SESSION_DAYS:g} days" in readme
+    assert f"`--session-days` ({SERVICE_SESSION_DAYS:g} by default" in readme
+    said = re.search(r"the zip of `ring_allreduce` is (\d+) KiB \((\d+) files, (\d+) KiB "
+                     r"unpacked\)", readme)
+    assert said, "the README gives the zip's size"
+    built = autograder("gradescope", "--assignment", "ring_allreduce", "--out",
+                       tmp_path / "ring_allreduce.zip", timeout=120)
+    assert built.returncode == 0, built.stderr[-2000:]
+    with zipfile.ZipFile(tmp_path / "ring_allreduce.zip") as made:
+        files = made.infolist()
+        unpacked = sum(f.file_size for f in files) / 1024
+    size = (tmp_path / "ring_allreduce.zip").stat().st_size / 1024
+    # as it is now, give or take a tenth (the course's own files change a little)
+    assert abs(size - int(said.group(1))) <= 0.1 * size, (size, said.group(0))
+    assert abs(unpacked - int(said.group(3))) <= 0.1 * unpacked, (unpacked, said.group(0))
+    assert abs(len(files) - int(said.group(2))) <= 5, (len(files), said.group(0))
 
 
 def test_a_database_of_the_service_before_sessions_gains_them(tmp_path):
