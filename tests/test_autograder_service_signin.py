@@ -68,15 +68,14 @@ class Browser:
         self.url, self.headers, self.cookies = url, dict(headers or {}), {}
 
     def send(self, method: str, path: str, fields: dict = None, headers: dict = None,
-             cookies: dict = None):
-        """(status, headers, body) of one request; cookies set by the answer are kept."""
+             body: bytes = None):
+        """(status, headers, text) of one request: a form of ``fields``, or ``body`` (its
+        Content-Type in ``headers``); cookies set by the answer are kept."""
         address = urllib.parse.urlsplit(self.url)
         connection = http.client.HTTPConnection(address.hostname, address.port, timeout=60)
         sent = dict(self.headers, **(headers or {}))
-        jar = self.cookies if cookies is None else cookies
-        if jar:
-            sent["Cookie"] = "; ".join(f"{k}={v}" for k, v in jar.items())
-        body = None
+        if self.cookies:
+            sent["Cookie"] = "; ".join(f"{k}={v}" for k, v in self.cookies.items())
         if fields is not None:
             body = urllib.parse.urlencode(fields).encode()
             sent["Content-Type"] = "application/x-www-form-urlencoded"
@@ -341,19 +340,9 @@ def test_a_refusal_names_the_learners_file_as_it_is(service):
             ("myNotes.ipynb", b"{}", "myNotes.ipynb: the file is JSON but not a Jupyter"),
             ("demo.ipynb", b"", "The upload is empty")):
         body, kind = multipart({"_xsrf": xsrf, "assignment": "demo"}, "notebook", name, data)
-        status, _, page = post_file(browser, body, kind)
+        status, _, page = browser.send("POST", "/submit", body=body,
+                                       headers={"Content-Type": kind})
         assert status in (400, 415) and says in page, (name, status, page)
-
-
-def post_file(browser: Browser, body: bytes, kind: str):
-    """The upload form's multipart POST, with the browser's cookies: (status, headers, page)."""
-    address = urllib.parse.urlsplit(browser.url)
-    connection = http.client.HTTPConnection(address.hostname, address.port, timeout=60)
-    connection.request("POST", "/submit", body=body, headers={
-        "Content-Type": kind, "Cookie": "; ".join(f"{k}={v}" for k, v in
-                                                  browser.cookies.items())})
-    answer = connection.getresponse()
-    return answer.status, answer.headers, answer.read().decode()
 
 
 @pytest.mark.parametrize("size, shown", [
