@@ -366,11 +366,11 @@ def test_a_size_over_the_limit_is_shown_to_the_nearest_tenth_of_a_mib(tmp_path, 
 def test_the_readme_says_what_is_made(tmp_path):
     """grades.csv's columns, the session's lifetime, the Gradescope zip's size."""
     import zipfile
-    from autograder.options import SERVICE_SESSION_DAYS
     from autograder.report import CSV_COLUMNS
     readme = " ".join((ROOT / "README.md").read_text().split())
     listed = re.search(r"`graded/grades\.csv` \(`([\w,]+)`", readme)
     assert listed and tuple(listed.group(1).split(",")) == CSV_COLUMNS, listed
+    from autograder.options import SERVICE_SESSION_DAYS
     assert f"stays signed in for {SERVICE_SESSION_DAYS:g} days" in readme
     assert f"`--session-days` ({SERVICE_SESSION_DAYS:g} by default" in readme
     said = re.search(r"the zip of `ring_allreduce` is (\d+) KiB \((\d+) files, (\d+) KiB "
