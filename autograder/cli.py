@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import List, Optional
 
 from .options import (CHECK_PROFILE, DEVICE_CHOICES, KERNELS, PROFILE_CHOICES, PROFILES, RETRIES,
-                      SERVICE_HOST, SERVICE_PORT, SERVICE_SUBMIT_WAIT, GiB, available_cores,
-                      default)
+                      SERVICE_HOST, SERVICE_PORT, SERVICE_SESSION_DAYS, SERVICE_SUBMIT_WAIT, GiB,
+                      available_cores, default)
 
 
 def _positive(kind, zero: bool = False):
@@ -110,6 +110,14 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--issue-tokens", nargs="*", default=None, metavar="ID",
                        help="print a new secret sign-in link for each person of the roster "
                             "(or the IDs given), replacing their old ones, and exit")
+    serve.add_argument("--behind-proxy", action="store_true",
+                       help="a proxy that speaks HTTPS to browsers passes requests on: believe "
+                            "its X-Forwarded-Proto and X-Real-IP / X-Forwarded-For headers "
+                            "(sign-in cookies are then Secure; README has an nginx example). "
+                            "Listen on 127.0.0.1 only, where nothing else can send them")
+    serve.add_argument("--session-days", type=_positive(float), default=SERVICE_SESSION_DAYS,
+                       metavar="DAYS", help="how long a browser stays signed in after it signs "
+                       "in with its link, unless it signs out (default %(default)g)")
     serve.add_argument("--url", default=None, metavar="URL",
                        help="the address people open, for --issue-tokens' links (default: "
                             "http://HOST:PORT)")
@@ -348,7 +356,8 @@ def run_serve(args: argparse.Namespace) -> int:
     from .service_db import DatabaseError
     try:
         service = Service(args.course, db=args.db, gradebook=args.gradebook,
-                          hub=args.jupyterhub)
+                          hub=args.jupyterhub, behind_proxy=args.behind_proxy,
+                          session_days=args.session_days)
     except (ConfigError, DatabaseError, FileNotFoundError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -278,11 +278,15 @@ KINDS = ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a named pipe"),
          (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device"))
 
 
-def mebibytes(size: int) -> str:
-    """A size in MiB with one decimal, rounded up: a file over a limit never reads as the
-    limit's own number (20 MiB and one byte is 20.1, not 20.0)."""
+def mebibytes(size: int, limit: Optional[int] = None) -> str:
+    """A size in MiB with one decimal, rounded to the nearest (20.4 MiB and a few bytes is
+    20.4, not 20.5); over a ``limit``, rounded up where the nearest would read as the limit
+    or less (20 MiB and one byte is 20.1, not 20.0)."""
     import math
-    return f"{math.ceil(size * 10 / 2**20) / 10:.1f}"
+    tenths = round(size * 10 / 2**20)
+    if limit is not None and size > limit and tenths * 2**20 <= limit * 10:
+        tenths = math.ceil(size * 10 / 2**20)
+    return f"{tenths / 10:.1f}"
 
 
 def plural(count: int, word: str, words: str = "") -> str:
@@ -311,7 +315,8 @@ def submitted_bytes(path: Path, root: Optional[Path] = None) -> bytes:
             raise ValueError(f"the notebook is {kind}, not a file: submit the notebook "
                              "file itself")
     if info.st_size > MAX_NOTEBOOK_BYTES:
-        raise ValueError(f"the notebook is {mebibytes(info.st_size)} MiB; the limit is "
+        raise ValueError(f"the notebook is {mebibytes(info.st_size, MAX_NOTEBOOK_BYTES)} MiB; "
+                         "the limit is "
                          f"{MAX_NOTEBOOK_BYTES / 2**20:g} MiB (clear its outputs, save it and "
                          "submit it again)")
     try:  # O_NOFOLLOW and O_NONBLOCK: swapped for a link or a pipe since the lstat, it fails

@@ -63,6 +63,8 @@ SERVICE_REFRESH = 2             # seconds between reloads of a page waiting for 
 SERVICE_BODY_CEILING = 4        # a request body over this many times the upload limit is
 #                                 cut off unread; up to it, the refusal names the size
 SERVICE_ID_BYTES = 16           # random bytes of a submission's id in its URLs
+SERVICE_SESSION_DAYS = 14.0     # a browser stays signed in this long after its sign-in
+#                                 (server side and in its cookie), unless it signs out
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,10 @@ import asyncio
 import csv
 import io
 import json
+import logging
 import math
 import os
+import re
 import secrets
 import signal
 import threading
@@ -31,15 +33,45 @@ from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
 from typing import Dict, List, Optional
 
+import tornado.log
 import tornado.web
 
 from .layout import MAX_NOTEBOOK_BYTES, Course, mebibytes, notebook_from_bytes, plural
-from .options import SERVICE_BODY_CEILING, SERVICE_DB
+from .options import SERVICE_BODY_CEILING, SERVICE_DB, SERVICE_SESSION_DAYS
 from .service_auth import HubSignIn, TokenSignIn, hub_address
 from .service_config import ConfigError, Person, ServiceConfig  # noqa: F401 (ConfigError: cli)
 from .service_db import DONE, QUEUED, Row, Store, when
 
 HOUR = 3600.0
+# query parameters that carry a secret: the sign-in link's token, an OAuth callback's code
+SECRET_PARAMETER = re.compile(r"(?<=[?&;])(token|code)=[^&;\s]*", re.IGNORECASE)
+
+
+def redact(text: str) -> str:
+    """``text`` (a logged request line) with the values of secret query parameters cut."""
+    return SECRET_PARAMETER.sub(r"\1=[redacted]", text)
+
+
+def log_request(handler) -> None:
+    """Tornado's access log line (status, method, address, client, milliseconds), without
+    the secrets of the address: a refused or accepted sign-in link logs no token."""
+    status = handler.get_status()
+    log = (tornado.log.access_log.info if status < 400 else
+           tornado.log.access_log.warning if status < 500 else tornado.log.access_log.error)
+    request = handler.request
+    log("%d %s %s (%s) %.2fms", status, request.method, redact(request.uri),
+        request.remote_ip, 1000.0 * request.request_time())
+
+
+class Redacted(logging.Filter):
+    """Cuts secret query parameters out of Tornado's other log lines (an uncaught error
+    logs the request's address)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if SECRET_PARAMETER.search(message):
+            record.msg, record.args = redact(message), None
+        return True
 
 
 def course_assignments(course: Course) -> List[str]:
@@ -70,8 +102,12 @@ class Service:
     """The course, its configuration, its database and files: what the service serves."""
 
     def __init__(self, course: Path, db: Optional[Path] = None, gradebook: Optional[str] = "",
-                 hub: bool = False):
-        """``hub``: run as a JupyterHub service (its users, its OAuth; no roster)."""
+                 hub: bool = False, behind_proxy: bool = False,
+                 session_days: float = SERVICE_SESSION_DAYS):
+        """``hub``: run as a JupyterHub service (its users, its OAuth; no roster).
+        ``behind_proxy``: believe the ``X-Forwarded-Proto`` and ``X-Real-IP`` (or
+        ``X-Forwarded-For``) headers of a proxy in front (a TLS proxy: cookies are then
+        ``Secure``). ``session_days``: how long a browser's sign-in lasts."""
         self.course = Course.discover(course)
         self.assignments = course_assignments(self.course)
         if hub:  # a clear error, before anything else, off a hub or without a service url
@@ -83,7 +119,10 @@ class Service:
         self.store = Store(self.db)
         self.hub = hub
         self.signin = (HubSignIn(self.config.instructors_group) if hub
-                       else TokenSignIn(self.store, self.config.people))
+                       else TokenSignIn(self.store, self.config.people, session_days))
+        self.behind_proxy = behind_proxy
+        # where a form may lead besides this service: a hub elsewhere (its logout page)
+        self.form_targets = getattr(getattr(self.signin, "auth", None), "hub_host", "") or ""
         self.gradebook = (f"sqlite:///{self.course.root / 'gradebook.db'}" if gradebook == ""
                           else gradebook)
         self.sources = {a: self.course.source_notebooks(a) for a in self.assignments}
@@ -140,7 +179,8 @@ class Service:
         if not body:
             raise ValueError("the upload is empty: choose your notebook file", 400)
         if len(body) > MAX_NOTEBOOK_BYTES:
-            raise ValueError(f"the notebook is {mebibytes(len(body))} MiB; the limit is "
+            raise ValueError(f"the notebook is {mebibytes(len(body), MAX_NOTEBOOK_BYTES)} MiB; "
+                             "the limit is "
                              f"{MAX_NOTEBOOK_BYTES / 2**20:g} MiB (clear its outputs, save it "
                              "and upload it again)", 413)
         try:
@@ -262,9 +302,17 @@ class Service:
                   for pattern, handler in pages.routes(signin.prefix)] + signin.own_routes()
         # the cookie secret signs the hub sign-in's cookies (a new one at each start: the
         # hub's OAuth signs a browser in again without a word)
+        for name in ("tornado.application", "tornado.general"):
+            logger = logging.getLogger(name)
+            if not any(isinstance(f, Redacted) for f in logger.filters):
+                logger.addFilter(Redacted())
+        # a form's POST needs its XSRF token and, from a browser that says where it came
+        # from (Sec-Fetch-Site, Origin), to come from the service's own pages
         return tornado.web.Application(routes, service=self, xsrf_cookies=True,
+                                       cross_origin_protection=True,
                                        cookie_secret=secrets.token_bytes(32),
-                                       default_handler_class=signin.page(pages.NotFound))
+                                       default_handler_class=signin.page(pages.NotFound),
+                                       log_function=log_request)
 
     def address(self, host: str, port: int):
         """Where to listen: ``host``, ``port``; on a hub, the service's own ``url``."""
@@ -281,7 +329,7 @@ class Service:
         from tornado.httpserver import HTTPServer
         from tornado.netutil import bind_sockets
         sockets = bind_sockets(port, host)
-        server = HTTPServer(self.application(),
+        server = HTTPServer(self.application(), xheaders=self.behind_proxy,
                             max_body_size=MAX_NOTEBOOK_BYTES * SERVICE_BODY_CEILING)
         server.add_sockets(sockets)
         self._loop = asyncio.get_running_loop()

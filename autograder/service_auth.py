@@ -4,9 +4,15 @@ Every handler asks :meth:`SignIn.person` before it reads anything.
 
 :class:`TokenSignIn` is the standalone sign-in: ``python -m autograder serve
 --issue-tokens`` gives each person of ``roster.toml`` a secret
-(``secrets.token_urlsafe``), stored only as its SHA-256; a browser signs in once through
-``/signin?token=...`` (the token then rides in an HttpOnly cookie), and ``python -m
-autograder submit`` sends it as ``Authorization: Bearer ...``.
+(``secrets.token_urlsafe``, never beginning with ``-``), stored only as its SHA-256.
+``python -m autograder submit`` sends it as ``Authorization: Bearer ...``. A browser opens
+the link ``/signin?token=...``, which signs no one in: it asks "Sign in as ID?", and only
+the page's form (a POST, with its XSRF token and the token in its body) starts a session,
+so a link or a form on another site cannot sign a learner in as someone else. The
+session's random id rides in an HttpOnly cookie that lasts ``session_days`` (``Secure``
+where the request came over HTTPS; behind a proxy, ``serve --behind-proxy`` believes its
+``X-Forwarded-Proto``); the database keeps its SHA-256 and when it ends. Signing out, or
+new tokens for the person, end it on the server.
 
 :class:`HubSignIn` is the sign-in of ``serve --jupyterhub``, the service run by JupyterHub
 (a managed service): JupyterHub's own client library, ``jupyterhub.services.auth``, does
@@ -22,10 +28,13 @@ import secrets
 from typing import Dict, List, Optional, Protocol, Tuple
 from urllib.parse import urlparse
 
+from .options import SERVICE_SESSION_DAYS
 from .service_config import INSTRUCTOR, LEARNER, PERSON_ID, ConfigError, Person
 from .service_db import Store
 
-COOKIE = "autograder-service"
+COOKIE = "autograder-session"   # a session's id (standalone sign-in)
+OLD_COOKIE = "autograder-service"  # what services before sessions kept: the token itself
+DAY = 86400.0
 # what a managed JupyterHub service finds in its environment, and needs here
 HUB_ENVIRONMENT = ("JUPYTERHUB_API_TOKEN", "JUPYTERHUB_API_URL", "JUPYTERHUB_CLIENT_ID",
                    "JUPYTERHUB_SERVICE_PREFIX", "JUPYTERHUB_SERVICE_URL")
@@ -47,7 +56,8 @@ class SignIn(Protocol):
         who may not use the service."""
 
     async def sign_in(self, handler) -> Optional[Person]:
-        """Handle ``GET /signin``: sign the browser in and return who, or None if refused."""
+        """Handle ``/signin``: who signs in (None if refused). Where :attr:`confirms`, a GET
+        only names them and the POST of the confirmation's form signs the browser in."""
 
     def login_url(self, handler) -> Optional[str]:
         """Where a browser that is not signed in goes to sign in; None: nowhere."""
@@ -69,21 +79,24 @@ def bearer(handler) -> Optional[str]:
 
 
 class TokenSignIn:
-    """Sign-in with a secret per person, issued from the roster."""
+    """Sign-in with a secret per person, issued from the roster; browsers get sessions."""
 
     prefix = "/"
     how_to_sign_in = ("Not signed in, or the sign-in link is no longer valid: use the link your "
                       "instructor gave you.")
+    confirms = True
 
-    def __init__(self, store: Store, people: Dict[str, Person]):
-        self.store, self.people = store, people
+    def __init__(self, store: Store, people: Dict[str, Person],
+                 session_days: float = SERVICE_SESSION_DAYS):
+        self.store, self.people, self.session_days = store, people, session_days
 
     def issue(self, ids: Optional[List[str]] = None) -> List[Tuple[Person, str]]:
-        """New tokens for ``ids`` (default: everyone); each replaces the person's old one."""
+        """New tokens for ``ids`` (default: everyone); each replaces the person's old one
+        and ends their sessions."""
         issued = []
         for person_id in ids or sorted(self.people):
             person = self.people[person_id]
-            token = secrets.token_urlsafe(32)
+            token = new_token()
             self.store.set_token(person.id, token)
             issued.append((person, token))
         return issued
@@ -98,21 +111,31 @@ class TokenSignIn:
         token = bearer(handler)
         if token is not None:  # a wrong bearer token is refused, whatever the cookie says
             return self._of(token)
-        return self._of(handler.get_cookie(COOKIE))
+        session = handler.get_cookie(COOKIE)
+        person_id = self.store.session_person(session) if session else None
+        return self.people.get(person_id) if person_id else None
 
     async def sign_in(self, handler) -> Optional[Person]:
-        token = handler.get_query_argument("token", None) or bearer(handler)
-        person = self._of(token)
+        if handler.request.method != "POST":  # the link: who it names, no one signed in
+            return self._of(handler.get_query_argument("token", None))
+        person = self._of(handler.get_body_argument("token", None))
         if person is not None:
-            handler.set_cookie(COOKIE, token, httponly=True, samesite="Strict",
-                               secure=handler.request.protocol == "https")
+            session = self.store.start_session(person.id, self.session_days * DAY)
+            handler.set_cookie(COOKIE, session, httponly=True, samesite="Lax",
+                               secure=handler.request.protocol == "https",
+                               expires_days=self.session_days)
+            handler.clear_cookie(OLD_COOKIE)
         return person
 
     def login_url(self, handler) -> Optional[str]:
         return None  # a sign-in link is personal: there is no page to send anyone to
 
     def sign_out(self, handler) -> Optional[str]:
+        session = handler.get_cookie(COOKIE)
+        if session:
+            self.store.end_session(session)
         handler.clear_cookie(COOKIE)
+        handler.clear_cookie(OLD_COOKIE)
         return None
 
     def page(self, handler: type) -> type:
@@ -120,6 +143,15 @@ class TokenSignIn:
 
     def own_routes(self) -> list:
         return []  # /signin is one of the service's pages
+
+
+def new_token() -> str:
+    """A new secret (256 random bits, URL-safe) that never begins with ``-``, so that it
+    can be typed as any option's value (``--token TOKEN``) without being read as an option."""
+    while True:
+        token = secrets.token_urlsafe(32)
+        if not token.startswith("-"):
+            return token
 
 
 def hub_environment(environ=None) -> Dict[str, str]:
@@ -196,6 +228,7 @@ class HubSignIn:
         return self.of(model)
 
     sign_in = person  # GET /signin: the OAuth of login_url has signed the browser in
+    confirms = False
 
     def login_url(self, handler) -> Optional[str]:
         return handler.get_login_url()  # the hub's authorize URL, with a fresh OAuth state

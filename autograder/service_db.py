@@ -1,4 +1,5 @@
-"""The submission service's database (SQLite): sign-in tokens, submissions, the queue.
+"""The submission service's database (SQLite): sign-in tokens, browsers' sessions,
+submissions, the queue.
 
 The queue *is* the ``submissions`` table: a row is ``queued`` from the moment its upload
 is acknowledged, ``grading`` while a grader has it, ``done`` once its result is committed.
@@ -37,6 +38,13 @@ CREATE TABLE IF NOT EXISTS tokens (
     digest TEXT NOT NULL UNIQUE,          -- sha256 of the token; the token is never stored
     issued REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS sessions (
+    digest TEXT PRIMARY KEY,              -- sha256 of the browser's session id, never the id
+    person TEXT NOT NULL,
+    created REAL NOT NULL,
+    expires REAL NOT NULL                 -- no use after this time
+);
+CREATE INDEX IF NOT EXISTS sessions_by_person ON sessions (person);
 CREATE TABLE IF NOT EXISTS submissions (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     student TEXT NOT NULL,
@@ -65,8 +73,9 @@ CREATE UNIQUE INDEX IF NOT EXISTS by_key ON submissions (key);
 """
 
 # The schema's versions: 1, the first service (no version stored); 2, random ids in URLs
-# (``key``; stored, as 0, only by that column); 3, ``phases``, the version stored.
-SCHEMA_VERSION = 3
+# (``key``; stored, as 0, only by that column); 3, ``phases``, the version stored;
+# 4, ``sessions`` (a browser's sign-in, apart from the person's token).
+SCHEMA_VERSION = 4
 
 
 def _add_keys(db: sqlite3.Connection) -> None:
@@ -82,7 +91,15 @@ def _add_phases(db: sqlite3.Connection) -> None:
     db.execute("ALTER TABLE submissions ADD COLUMN phases TEXT")
 
 
-MIGRATIONS = {2: _add_keys, 3: _add_phases}  # version -> the step that reaches it
+def _add_sessions(db: sqlite3.Connection) -> None:
+    """Version 4: browsers' sessions (a cookie of version 3 held the token itself and
+    signs no one in now: its holder signs in again with their link)."""
+    for statement in statements(SCHEMA):
+        if "sessions" in statement:
+            db.execute(statement)
+
+
+MIGRATIONS = {2: _add_keys, 3: _add_phases, 4: _add_sessions}  # version -> the step that reaches it
 
 
 def statements(script: str) -> List[str]:
@@ -244,15 +261,41 @@ class Store:
     # sign-in tokens
 
     def set_token(self, person: str, token: str) -> None:
+        """``token`` is now ``person``'s, replacing the old one; their sessions end."""
         with self._write() as db:
             db.execute("INSERT OR REPLACE INTO tokens (person, digest, issued) VALUES (?, ?, ?)",
                        (person, digest(token), time.time()))
+            db.execute("DELETE FROM sessions WHERE person = ?", (person,))
 
     def person_of(self, token: str) -> Optional[str]:
         with self._db() as db:
             found = db.execute("SELECT person FROM tokens WHERE digest = ?",
                                (digest(token),)).fetchone()
         return found[0] if found else None
+
+    # browsers' sessions
+
+    def start_session(self, person: str, lifetime: float) -> str:
+        """A new session of ``person`` for ``lifetime`` seconds: its id, for the browser's
+        cookie (only its SHA-256 is stored). Ended sessions' rows go."""
+        session = secrets.token_urlsafe(32)
+        now = time.time()
+        with self._write() as db:
+            db.execute("DELETE FROM sessions WHERE expires <= ?", (now,))
+            db.execute("INSERT INTO sessions (digest, person, created, expires) "
+                       "VALUES (?, ?, ?, ?)", (digest(session), person, now, now + lifetime))
+        return session
+
+    def session_person(self, session: str) -> Optional[str]:
+        """Who the session ``session`` is of, while it lasts; None otherwise."""
+        with self._db() as db:
+            found = db.execute("SELECT person FROM sessions WHERE digest = ? AND expires > ?",
+                               (digest(session), time.time())).fetchone()
+        return found[0] if found else None
+
+    def end_session(self, session: str) -> None:
+        with self._write() as db:
+            db.execute("DELETE FROM sessions WHERE digest = ?", (digest(session),))
 
     # submissions
 

@@ -4,11 +4,16 @@ Plain server-rendered HTML that works without JavaScript (a page waiting for a g
 reloads itself with ``<meta http-equiv="refresh">``). Every handler's ``prepare`` asks the
 sign-in who is asking before anything is read; forms carry an XSRF token (Tornado's, or
 JupyterHub's on a hub), and requests signed with ``Authorization: Bearer`` (the ``submit``
-command) need none. Every address is under the sign-in's prefix: ``/`` standalone,
-``/services/NAME/`` on a JupyterHub; :meth:`Base.url` writes them.
+command) need none. Every answer, error pages and downloads included, carries the headers
+of :data:`SECURITY_HEADERS` and a :func:`content_security_policy` that allows no script,
+no framing and forms to this service only; none is kept in a cache. Every address is
+under the sign-in's prefix: ``/`` standalone, ``/services/NAME/`` on a JupyterHub;
+:meth:`Base.url` writes them.
 """
 from __future__ import annotations
 
+import base64
+import hashlib
 import re
 from html import escape
 from pathlib import Path
@@ -25,7 +30,26 @@ STYLE = ("body{font-family:system-ui,sans-serif;max-width:70rem;margin:1rem auto
          "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:.2rem .5rem;"
          "text-align:left;vertical-align:top}.PASS{color:#060}.FAIL{color:#a00;font-weight:bold}"
          ".SKIPPED,.MANUAL{color:#666}th{background:#f4f4f4}"
-         "pre{white-space:pre-wrap;margin:0}")
+         "pre{white-space:pre-wrap;margin:0}form.inline{display:inline}")
+
+# The pages' only style is STYLE, in their <style> element: the policy allows that text by
+# its hash, and nothing else (no script at all, no inline style attributes, no framing).
+STYLE_HASH = "sha256-" + base64.b64encode(hashlib.sha256(STYLE.encode()).digest()).decode()
+SECURITY_HEADERS = {
+    "X-Content-Type-Options": "nosniff",  # a download is never run as a page
+    "X-Frame-Options": "DENY",           # (frame-ancestors, for browsers without CSP 2)
+    "Referrer-Policy": "no-referrer",    # no address of the service leaves with a link
+    "Cache-Control": "no-store",         # grades, feedback and sign-in pages are personal
+}
+
+
+def content_security_policy(form_action: str = "") -> str:
+    """The pages' policy; ``form_action``: more places a form may lead (the hub's logout,
+    where the sign-out sends a browser on a hub of another origin)."""
+    return ("default-src 'none'; "
+            f"style-src '{STYLE_HASH}'; "
+            f"form-action 'self'{' ' + form_action if form_action else ''}; "
+            "frame-ancestors 'none'; base-uri 'none'")
 
 
 def page(title: str, body: str, refresh: Optional[int] = None) -> str:
@@ -51,6 +75,12 @@ def phases_html(phases: dict) -> str:
     return "<br>".join(f"{escape(name)}: {seconds:.2f}" for name, seconds in phases.items())
 
 
+def sentence(message: str) -> str:
+    """``message`` as a sentence on a page: its first word capitalised when it is an ordinary
+    word (a message may begin with the learner's file name, which stays as it is)."""
+    return message[:1].upper() + message[1:] if re.match(r"[a-z]+ ", message) else message
+
+
 class Base(tornado.web.RequestHandler):
     """Who is asking, first: every route refuses anyone the sign-in does not know."""
     instructors_only = False
@@ -58,6 +88,13 @@ class Base(tornado.web.RequestHandler):
     @property
     def service(self):
         return self.settings["service"]
+
+    def set_default_headers(self) -> None:
+        # also on errors and redirects: send_error and redirect keep these (clear() sets them)
+        for name, value in SECURITY_HEADERS.items():
+            self.set_header(name, value)
+        self.set_header("Content-Security-Policy",
+                        content_security_policy(self.service.form_targets))
 
     def check_xsrf_cookie(self) -> None:
         if bearer(self) is None:  # a browser's form: it must carry the XSRF token
@@ -96,13 +133,14 @@ class Base(tornado.web.RequestHandler):
         if self.wants_json():
             self.finish({"error": message})
         else:
-            self.finish(page("Not possible", f"<p>{escape(message[:1].upper() + message[1:])}"
+            self.finish(page("Not possible", f"<p>{escape(sentence(message))}"
                              f'</p><p><a href="{self.url()}">Back</a></p>'))
 
     def write_error(self, status_code: int, **kwargs) -> None:
         reason = self._reason or "error"
         error = kwargs.get("exc_info", (None, None))[1]
-        if status_code == 403 and "xsrf" in str(getattr(error, "log_message", "")).lower():
+        why = str(getattr(error, "log_message", "")).lower()
+        if status_code == 403 and ("xsrf" in why or "origin" in why):
             return self.refuse(403, "This form is out of date or came from another site: "
                                     "open the service's page again and send it from there.")
         if self.wants_json():
@@ -121,6 +159,10 @@ class Base(tornado.web.RequestHandler):
 
 
 class SignIn(Base):
+    """``/signin``. With a sign-in that :attr:`confirms` (the standalone tokens): a GET of
+    the link signs no one in, it asks "Sign in as ID?"; the POST of that page's form (its
+    XSRF token, the token in its body) signs in. On a hub, the OAuth has signed in already."""
+
     async def prepare(self) -> None:  # the one route that signs in rather than asks
         try:
             self.person = await self.service.signin.sign_in(self)
@@ -132,8 +174,33 @@ class SignIn(Base):
                 return self.not_signed_in()
             self.refuse(403, "This sign-in link is not valid: ask your instructor for yours.")
 
-    def get(self) -> None:
-        self.redirect(self.url("instructor") if self.person.instructor else self.url())
+    async def get(self) -> None:
+        if not self.service.signin.confirms:
+            return self.signed_in()
+        try:
+            now = await self.service.signin.person(self)
+        except Refused:
+            now = None
+        who, token = escape(self.person.id), escape(self.get_query_argument("token"))
+        already = ("" if now is None else
+                   f"<p>This browser is signed in as <b>{escape(now.id)}</b> now; "
+                   + ("this link is for the same person.</p>" if now == self.person else
+                      f"signing in ends that and signs it in as <b>{who}</b>.</p>"))
+        body = (already
+                + f"<p>This is the sign-in link of <b>{who}</b> ({self.person.role}). Sign in "
+                "only if it is your own link, the one your instructor sent you: whoever signs "
+                "in hands in and sees grades as that person.</p>"
+                f'<form method=post action="{self.url("signin")}">{self.xsrf_form_html()}'
+                f'<input type=hidden name=token value="{token}">'
+                f"<button>Sign in as {who}</button></form>")
+        self.finish(page(f"Sign in as {self.person.id}?", body))
+
+    def post(self) -> None:
+        self.signed_in(status=303)
+
+    def signed_in(self, status: int = 302) -> None:
+        self.redirect(self.url("instructor") if self.person.instructor else self.url(),
+                      status=status)
 
 
 class SignOut(Base):
@@ -141,12 +208,13 @@ class SignOut(Base):
         then = self.service.signin.sign_out(self)
         if then:  # on a hub: sign out of the hub too
             return self.redirect(then, status=303)
-        self.finish(page("Signed out", "<p>Use your sign-in link to come back.</p>"))
+        self.finish(page("Signed out", "<p>This browser's session has ended. Use your sign-in "
+                                       "link to come back.</p>"))
 
 
 def signed_in_as(handler) -> str:
     return (f'<p>Signed in as <b>{escape(handler.person.id)}</b> ({handler.person.role}). '
-            f'<form method=post action="{handler.url("signout")}" style="display:inline">'
+            f'<form class=inline method=post action="{handler.url("signout")}">'
             f'{handler.xsrf_form_html()}<button>Sign out</button></form></p>')
 
 

@@ -3,6 +3,7 @@
 stopping it stops its fork server and kernels) on a free port of 127.0.0.1."""
 from __future__ import annotations
 
+import html
 import os
 import queue
 import re
@@ -11,6 +12,8 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
+import urllib.request
 from pathlib import Path
 from typing import Dict, Optional
 
@@ -87,3 +90,20 @@ def issue_tokens(course: Path, *ids: str) -> Dict[str, str]:
         raise RuntimeError(f"serve --issue-tokens failed:\n{done.stderr[-3000:]}")
     return {line.split("\t")[0]: line.split("\t")[2].split("token=")[1]
             for line in done.stdout.splitlines() if line and not line.startswith("#")}
+
+
+def sign_in(browser: urllib.request.OpenerDirector, url: str, token: str, timeout: float = 60):
+    """A person signs in as a browser without JavaScript does: opens their link
+    (``url``/signin?token=...), which asks "Sign in as ...?", and sends that page's form.
+    ``browser`` keeps cookies (an ``HTTPCookieProcessor``). Returns (address, text) of the
+    page the form leads to."""
+    with browser.open(f"{url}/signin?token={urllib.parse.quote(token)}",
+                      timeout=timeout) as page:
+        confirm = page.read().decode()
+    form = re.search(r'<form method=post action="([^"]+)">(.*?)</form>', confirm, re.S)
+    fields = dict(re.findall(r'<input type="?hidden"? name="?(\w+)"? value="([^"]*)"',
+                             form.group(2)))
+    body = urllib.parse.urlencode({k: html.unescape(v) for k, v in fields.items()}).encode()
+    with browser.open(urllib.request.Request(urllib.parse.urljoin(url, form.group(1)),
+                                             data=body), timeout=timeout) as page:
+        return page.url, page.read().decode()

@@ -35,7 +35,7 @@ from autograder.service_db import DONE, GRADING, QUEUED, Store, fair_order
 from autograder.submit import multipart
 from tests.autograder_fixtures.submissions import COURSE, GOOD_SQUARES, answered, write
 from tests import helpers
-from tests.service_server import ServiceProcess, issue_tokens
+from tests.service_server import ServiceProcess, issue_tokens, sign_in
 
 ROOT = Path(__file__).resolve().parent.parent
 OFF_BY_ONE = "def squares(n):\n    return [k * k for k in range(1, n + 1)]"
@@ -353,12 +353,13 @@ def with_rules(tmp_path_factory, name: str) -> Path:
     return course
 
 
-def service_with_rules(tmp_path_factory, name: str):
+def service_with_rules(tmp_path_factory, name: str, *extra):
     """The service over a fresh :func:`with_rules` course in a folder named ``name``, and
-    everyone's token; stopped cleanly (SIGTERM) at the end. For a module's fixture."""
+    everyone's token; ``extra``: more options of ``serve``; stopped cleanly (SIGTERM) at
+    the end. For a module's fixture."""
     course = with_rules(tmp_path_factory, name)
     people = tokens(course)
-    server = Server(course)
+    server = Server(course, *extra)
     yield server, people
     server.stop()
 
@@ -412,9 +413,8 @@ def test_a_learner_hands_in_through_the_html_form(service):
     server, people = service
     jar = http.cookiejar.CookieJar()
     browser = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar))
-    with browser.open(f"{server.url}/signin?token={people['grace']}", timeout=60) as page:
-        home = page.read().decode()
-        assert page.url == f"{server.url}/"
+    where, home = sign_in(browser, server.url, people["grace"])
+    assert where == f"{server.url}/"
     assert "Signed in as <b>grace</b>" in home and 'enctype="multipart/form-data"' in home
     xsrf = re.search(r'name="_xsrf" value="([^"]+)"', home).group(1)
     nb = answered(mean="def mean(values):\n    values = list(values)\n"
@@ -508,7 +508,7 @@ def test_attempts_per_hour_and_the_deadline(service):
 def test_an_upload_over_the_limit_is_refused_with_its_size_and_not_queued(service):
     server, people = service
     before = queued_rows(server)
-    big = b"{" + b" " * (20 * 2**20 + 400 * 1024)  # 20.4 MiB, rounded up to one decimal
+    big = b"{" + b" " * (20 * 2**20 + 400 * 1024)  # 20.4 MiB, to one decimal
     body, kind = multipart({"assignment": "demo"}, "notebook", "demo.ipynb", big)
     status, answer = request(f"{server.url}/submit", people["grace"], body,
                              {"Content-Type": kind})
