@@ -21,6 +21,10 @@ c.CourseDirectory.release_directory = "exercises"
 c.CourseDirectory.submitted_directory = "submitted"
 c.CourseDirectory.autograded_directory = "autograded"
 c.CourseDirectory.feedback_directory = "feedback"
+# nbgrader's own list, plus the instructor's notes on equivalent mutants (python -m
+# autograder mutants), which stay beside the solutions and out of every release.
+c.CourseDirectory.ignore = [".ipynb_checkpoints", "*.pyc", "__pycache__", "feedback",
+                            "equivalent_mutants.toml"]
 
 # What learners see where a solution was: a stub that fails every test until it is replaced.
 c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedError()"}

@@ -25,7 +25,10 @@ if TYPE_CHECKING:  # nbformat is imported where it is used: starting up stays qu
 
 DEFAULT_SOURCE_DIRECTORY = "solutions"
 MAX_NOTEBOOK_BYTES = 20 * 2**20  # larger submissions are refused, not parsed
-IGNORED = re.compile(r"^(\.|__pycache__$)")  # .ipynb_checkpoints, .DS_Store, caches
+# The instructor's justifications of equivalent mutants (autograder.mutants): beside the
+# notebook, never copied into a release, a kernel's working directory or a Gradescope zip.
+EQUIVALENT_MUTANTS = "equivalent_mutants.toml"
+IGNORED = re.compile(r"^(\.|__pycache__$|equivalent_mutants\.toml$)")  # .ipynb_checkpoints, caches
 
 
 @dataclass(frozen=True)

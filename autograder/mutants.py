@@ -1,7 +1,8 @@
 """``python -m autograder mutants ASSIGNMENT``: which rules of a task do its tests not check?
 
-Mutation analysis, for instructors. Each answer cell of the instructor's notebook is changed
-in one small way at a time -- an operator swapped, a comparison moved by one, a constant
+Mutation analysis, for instructors. What the learner writes in each answer cell of the
+instructor's notebook (the code between ``### BEGIN SOLUTION`` and ``### END SOLUTION``, or
+the whole cell without them) is changed in one small way at a time -- an operator swapped, a comparison moved by one, a constant
 changed, a statement or a ``return`` dropped, a condition negated, two arguments
 swapped -- and every such *mutant* is handed in as a learner would hand it in: the
 released notebook with the instructor's answers typed in, one of them mutated. Each is
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Tuple
 
-EQUIVALENT_FILE = "equivalent_mutants.toml"
+from .layout import EQUIVALENT_MUTANTS as EQUIVALENT_FILE
 SOLUTION_MARKER = re.compile(r"^[ \t]*### (BEGIN|END) SOLUTION[ \t]*\n?", re.MULTILINE)
 
 # Operators a mutant swaps in for another: each the mistake one keystroke away.
@@ -62,6 +63,23 @@ class Mutant:
 def solution_code(source: str) -> str:
     """An answer cell's code as a learner who solved it would hand it in."""
     return SOLUTION_MARKER.sub("", source)
+
+
+def solution_lines(source: str) -> Optional[set]:
+    """The lines of :func:`solution_code` (1-based) that lie between ``### BEGIN SOLUTION``
+    and ``### END SOLUTION``: what the learner writes. None for a cell without markers,
+    which the learner writes whole. What the instructor wrote around the regions (a
+    constructor, a signature with its defaults) is given, and no site of a mutant."""
+    inside, kept, lines = False, 0, set()
+    found = False
+    for line in source.splitlines():
+        if SOLUTION_MARKER.fullmatch(line):
+            inside, found = "BEGIN" in line, True
+            continue
+        kept += 1
+        if inside:
+            lines.add(kept)
+    return lines if found else None
 
 
 def _docstrings(tree: ast.AST) -> set:
@@ -161,13 +179,17 @@ def _mutate(node: ast.AST, operator: str, parents: Dict[int, ast.AST]) -> bool:
     return True
 
 
-def mutants_of(cell: str, code: str) -> List[Mutant]:
-    """Every mutant of one answer cell's code that compiles."""
+def mutants_of(cell: str, source: str) -> List[Mutant]:
+    """Every mutant of one answer cell that compiles, changed only where the learner writes
+    (see :func:`solution_lines`); ``source`` as the instructor's notebook holds it."""
+    code, writable = solution_code(source), solution_lines(source)
     tree = ast.parse(code)
     original = ast.unparse(tree)
     lines = code.splitlines()
     made, seen = [], set()
     for index, (node, operator) in enumerate(_sites(tree)):
+        if writable is not None and node.lineno not in writable:
+            continue
         mutated = copy.deepcopy(tree)
         site = [n for n, op in _sites(mutated)][index]
         parents = {id(child): parent for parent in ast.walk(mutated)
@@ -200,12 +222,12 @@ def _changed_line(site: ast.AST, operator: str, parents: Dict[int, ast.AST]) -> 
 
 
 def answer_cells(notebook) -> Dict[str, str]:
-    """grade_id -> the solution code of each answer (code) cell of an instructor notebook."""
+    """grade_id -> the source of each answer (code) cell of an instructor notebook."""
     cells = {}
     for cell in notebook.cells:
         meta = cell.get("metadata", {}).get("nbgrader", {})
         if cell.cell_type == "code" and meta.get("solution") and not meta.get("grade"):
-            cells[meta["grade_id"]] = solution_code(cell.source)
+            cells[meta["grade_id"]] = cell.source
     return cells
 
 
@@ -323,12 +345,13 @@ def run_mutants(course_dir: Path, assignment: str, runner, options,
     for name, source in sorted(sources.items()):
         answers = answer_cells(source.notebook)
         released = source.graded_view
-        handed[f"reference-{name}"] = (name, handed_in(released, answers))
-        for cell, code in answers.items():
-            for mutant in mutants_of(cell, code):
+        solved = {cell: solution_code(source) for cell, source in answers.items()}
+        handed[f"reference-{name}"] = (name, handed_in(released, solved))
+        for cell, source in answers.items():
+            for mutant in mutants_of(cell, source):
                 mutants.append(mutant)
                 handed[f"mutant-{len(mutants):04d}"] = (
-                    name, handed_in(released, {**answers, cell: mutant.code}))
+                    name, handed_in(released, {**solved, cell: mutant.code}))
     runner.prepare(sources)
     with tempfile.TemporaryDirectory(prefix="mutants-") as folder:
         submitted = Path(folder)

@@ -8,7 +8,8 @@ import sys
 import pytest
 
 from autograder.mutants import (EQUIVALENT_FILE, Equivalent, classify, format_report,
-                                mutants_of, read_equivalents, solution_code)
+                                mutants_of, read_equivalents, solution_code,
+                                solution_lines)
 from tests.autograder_fixtures.submissions import COURSE
 
 CODE = '''def roofline_time(flops, bytes_moved, peak_flops, bandwidth=2.0):
@@ -56,6 +57,17 @@ def test_every_mutant_compiles_differs_and_has_a_stable_id():
         assert mutant.id == f"roofline_answer:{mutant.line}:{mutant.column}:{mutant.operator}"
         assert mutant.original == CODE.splitlines()[mutant.line - 1].strip()
     assert [m.id for m in mutants] == [m.id for m in mutants_of("roofline_answer", CODE)]
+
+
+def test_only_what_the_learner_writes_is_mutated():
+    source = ('class Timer:\n    def __init__(self, start=0):\n        self.start = start\n\n'
+              '    def stop(self, now):\n        ### BEGIN SOLUTION\n        return now - self.start\n'
+              '        ### END SOLUTION\n')
+    assert solution_lines(source) == {6}
+    assert solution_lines("x = 1\n") is None
+    made = mutants_of("timer", source)
+    assert {m.line for m in made} == {6} and {m.operator for m in made} == {"binary", "return"}
+    assert all("### " not in m.code for m in made)
 
 
 def test_solution_markers_are_removed_and_the_code_kept():
@@ -125,3 +137,20 @@ def test_the_report_shows_each_survivor_with_its_changed_line():
     survivor = mutants[1]
     assert f"  {survivor.id}  line {survivor.line}: {survivor.original}\n" \
            f"      {survivor.operator}: {survivor.changed}" in text
+
+
+def test_the_justifications_stay_with_the_instructor(tmp_path):
+    """Beside the notebook, but never copied into a kernel's folder (nor, by nbgrader's
+    CourseDirectory.ignore, into the release)."""
+    from autograder.layout import Course
+    course = tmp_path / "course"
+    shutil.copytree(COURSE, course)
+    folder = course / "solutions" / "demo"
+    (folder / EQUIVALENT_FILE).write_text("")
+    (folder / "data.csv").write_text("1,2\n")
+    source = Course.discover(course).source_notebooks("demo")["demo"]
+    assert [p.name for p in source.support_files()] == ["data.csv"]
+    from traitlets.config.loader import PyFileConfigLoader
+    from tests.assignments import ROOT
+    ignored = PyFileConfigLoader("nbgrader_config.py", path=str(ROOT)).load_config()
+    assert EQUIVALENT_FILE in ignored.CourseDirectory.ignore
