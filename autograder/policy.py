@@ -38,6 +38,7 @@ ENVIRONMENT_PREFIXES = (
     "OPENBLAS_",  # OPENBLAS_CORETYPE, OPENBLAS_L2_SIZE: older OpenBLAS crashes without them
     #               on some CPUs; OPENBLAS_NUM_THREADS
     "CUDA_",      # CUDA_VISIBLE_DEVICES, CUDA_HOME, CUDA_MODULE_LOADING
+    "DLPERF_",    # the course's own settings (DLPERF_DATA, DLPERF_DATA_DIR)
 )
 
 # A folder a kernel imports from that is not the Python installation's (a lesson checkout
