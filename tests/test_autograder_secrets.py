@@ -164,6 +164,27 @@ def test_a_spawners_processes_never_hold_the_grader_environment(kind, tmp_path, 
                     assert f"{name}={value}" in seen["self"], seen["self"]
 
 
+def test_every_command_opens_its_spawner_with_the_written_environment(monkeypatch):
+    """``grade``/``check``/``serve`` (the command line's spawner), a local runner and a Dask
+    worker's plugin give their spawner the written environment, never their own."""
+    import argparse
+    from autograder.cli import _open_spawner
+    from autograder.cluster import SpawnerPlugin
+    from autograder.grade import LocalRunner
+    from autograder.policy import process_environment
+    for name, value in GRADER_ENV.items():
+        monkeypatch.setenv(name, value)
+    plugin = SpawnerPlugin("fresh", [])
+    plugin.setup(None)
+    with LocalRunner(1, "fresh", notebooks=[]) as runner:
+        spawners = [_open_spawner(argparse.Namespace(kernel="fresh"), []), runner.spawner,
+                    plugin.spawner]
+        for spawner in spawners:
+            assert spawner.env == process_environment(), spawner
+            assert not leaked(repr(spawner.env)) and spawner.env["OPENBLAS_CORETYPE"] == CORETYPE
+    plugin.teardown(None)
+
+
 # ----------------------------------------------------------- unit tests: the checkout
 
 def test_a_checkout_on_the_path_is_hidden_but_its_packages(tmp_path, monkeypatch):
