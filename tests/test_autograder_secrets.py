@@ -205,21 +205,35 @@ def test_a_checkout_on_the_path_is_hidden_but_its_packages(tmp_path, monkeypatch
 
 # ------------------------------------------------ integration: grade, check, serve, Dask
 
-def run(*args, timeout=300):
-    return helpers.autograder(*args, env=GRADER_ENV, timeout=timeout)
+def run(*commands, timeout=300) -> list:
+    """Run ``python -m autograder`` once per argument list, all at once, as
+    helpers.autograder does (this checkout on PYTHONPATH), with the secret in the
+    environment; the completed processes, in order."""
+    import subprocess
+    import sys
+    env = dict(os.environ, PYTHONPATH=str(ROOT), **GRADER_ENV)
+    started = [subprocess.Popen([sys.executable, "-m", "autograder", *map(str, args)],
+                                cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True) for args in commands]
+    done = []
+    for process, args in zip(started, commands):
+        stdout, stderr = process.communicate(timeout=timeout)
+        done.append(subprocess.CompletedProcess(process.args, process.returncode, stdout,
+                                                stderr))
+    return done
 
 
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
-    """``grade`` one snooping submission, then ``check`` one, with the secret in the
-    grader's environment and the checkout on its PYTHONPATH (helpers.autograder)."""
+    """``grade`` one snooping submission and ``check`` one (at once), with the secret in
+    the grader's environment and the checkout on its PYTHONPATH."""
     base = tmp_path_factory.mktemp("secrets")
     submitted, out = base / "submitted", base / "out"
     write(submitted, "eve", snoop(checkout=True))
-    done = run("grade", submitted, "--assignment", "demo", "--out", out, "--course", COURSE,
-               "--device", "cpu", "--timeout", 120)
     path = write(base / "check", "eve", snoop(returns=True))
-    checked = run("check", path, "--device", "cpu")
+    done, checked = run(["grade", submitted, "--assignment", "demo", "--out", out, "--course",
+                         COURSE, "--device", "cpu", "--timeout", 120],
+                        ["check", path, "--device", "cpu"])
     return {"done": done, "out": out, "checked": checked, "notebook": path}
 
 
