@@ -159,11 +159,13 @@ def modules_in(folder: str) -> List[str]:
 
 def import_paths(sources: Iterable[str]) -> List[str]:
     """What a kernel must see to import what it may: :func:`python_paths`, but of each
-    source folder (:func:`source_folders`) only :func:`modules_in` it."""
+    source folder (:func:`source_folders`) only :func:`modules_in` it, and nothing of one
+    named in :data:`NEVER_SHOWN` (a ``tests/`` on ``sys.path``)."""
     sources = list(sources)
     paths = [p for p in python_paths() if p not in sources]
     for folder in sources:
-        paths.extend(modules_in(folder))
+        if os.path.basename(folder) not in NEVER_SHOWN:
+            paths.extend(modules_in(folder))
     return sorted(set(paths))
 
 

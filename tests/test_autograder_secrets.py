@@ -201,6 +201,12 @@ def test_a_checkout_on_the_path_is_hidden_but_its_packages(tmp_path, monkeypatch
     assert not shown_here & {"tests", "solutions", ".git", "conftest.py", *NEVER_SHOWN}
     assert not any(p == str(ROOT) or p.startswith(str(ROOT / "solutions"))
                    or p.startswith(str(ROOT / "tests")) for p in policy.shown)
+    # A tests/ folder on sys.path itself (pytest puts one there when it is no package) is
+    # hidden, and nothing of it shown.
+    monkeypatch.syspath_prepend(str(ROOT / "tests"))
+    policy = sandbox_policy(submission, source, tmp_path, GradeOptions(device="cpu"))
+    assert str(ROOT / "tests") in policy.hidden or str(ROOT) in policy.hidden
+    assert not any(p.startswith(str(ROOT / "tests")) for p in policy.shown), policy.shown
 
 
 # ------------------------------------------------ integration: grade, check, serve, Dask
