@@ -5,6 +5,11 @@ A process of its own for each submission, so whatever process-wide state the ins
 checks change (PyTorch's global generator, default dtype, threads, module attributes)
 dies with it and no other submission's checks see it. Request and outcomes travel through
 two files in the grader's run folder.
+
+Its environment is the spawner's, the one the grader writes for a submission's processes
+(:func:`autograder.policy.process_environment`), not the grader's own: it runs no learner
+code, but what the checks print and the values their messages quote go into the feedback,
+and nothing it needs is secret.
 """
 from __future__ import annotations
 

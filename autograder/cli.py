@@ -240,10 +240,12 @@ def _assignment_notebooks(args: argparse.Namespace) -> List[Path]:
 
 def _open_spawner(args: argparse.Namespace, notebooks: List[Path]):
     """The run's spawner, opened before ``autograder.grade`` and its libraries are
-    imported: a fork server imports PyTorch meanwhile. The runner closes it."""
+    imported: a fork server imports PyTorch meanwhile. The runner closes it. Its processes
+    get the environment the grader writes, not this command's own (see :mod:`.policy`)."""
     from .imports import kernel_preload
+    from .policy import process_environment
     from .spawn import open_spawner
-    return open_spawner(args.kernel, kernel_preload(notebooks))
+    return open_spawner(args.kernel, kernel_preload(notebooks), process_environment())
 
 
 def run_grade(args: argparse.Namespace) -> int:

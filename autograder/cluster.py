@@ -50,6 +50,7 @@ from .imports import kernel_preload
 from .layout import SourceNotebook, Submission
 from .options import (KILLED_WORKER_ROUNDS, RETRIES, WORKERS_TIMEOUT, available_cores,
                       default)
+from .policy import process_environment
 from .spawn import PACKAGE_ROOT, Spawner, open_spawner
 
 GPU = "GPU"                # the worker resource a --device cuda task asks for
@@ -212,7 +213,9 @@ class SpawnerPlugin(_WorkerPluginBase):
 
     def setup(self, worker) -> None:
         _quiet_worker()
-        self.spawner = open_spawner(self.kind, self.preload)  # imports in the background
+        # imports in the background; its processes get the environment the grader writes
+        # from the worker's (see autograder.policy), never the worker's own
+        self.spawner = open_spawner(self.kind, self.preload, process_environment())
 
     def teardown(self, worker) -> None:
         spawner, self.spawner = self.spawner, None

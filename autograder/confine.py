@@ -15,10 +15,12 @@ the learner's, :func:`confine` turns it into a process that
   to the grader over Unix sockets) and its own System V IPC;
 * sees a **file system of its own** (a private mount namespace): the course directory
   (instructor notebooks, hidden tests, ``.git``, the gradebook), the submissions and the
-  output folder are covered by empty read-only file systems; the Python environment is
-  shown again read-only; every other mount is read-only and ``nosuid``; its working
-  directory is a size-limited ``tmpfs`` holding a copy of the submission's files, so its
-  disk use is bounded in total, not only per file; ``/dev/shm`` is a small private tmpfs;
+  output folder are covered by empty read-only file systems, and so is a lesson checkout
+  the kernel imports from (:func:`autograder.policy.source_folders`); the Python
+  environment and the checkout's packages are shown again read-only; every other mount is
+  read-only and ``nosuid``; its working directory is a size-limited ``tmpfs`` holding a
+  copy of the submission's files, so its disk use is bounded in total, not only per file;
+  ``/dev/shm`` is a small private tmpfs;
 * runs as an **unprivileged user** (``nobody``) when the grader is root, after giving up
   every capability for good (``no_new_privs``), so it can neither undo any of the above
   nor write to anything the file permissions protect;

@@ -10,6 +10,7 @@ import os
 import tempfile
 from typing import Optional
 
+from .policy import process_environment
 from .spawn import Spawner, open_spawner
 
 TARGET = "autograder.device:probe"
@@ -32,7 +33,7 @@ def cuda_available(spawner: Optional[Spawner] = None) -> bool:
     handle, path = tempfile.mkstemp(prefix="cuda-probe-")
     os.close(handle)
     try:
-        (spawner or open_spawner("fresh")).start(TARGET, path).wait()
+        (spawner or open_spawner("fresh", env=process_environment())).start(TARGET, path).wait()
         with open(path) as answer:
             return answer.read() == "1"
     finally:

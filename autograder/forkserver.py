@@ -11,8 +11,14 @@ The server never imports or runs anything of a learner's, never sees test code, 
 initialises CUDA (that would not survive ``fork()``): it only imports modules. (A module
 that starts threads or initialises CUDA when imported is not safe to preload this way;
 ``--kernel fresh`` grades without the server.) It exits when its stdin closes, i.e. when
-the grader ends. Modules it preloads are imported with the grader's environment: one that
-reads an environment variable at import time sees the grader's value, not the child's.
+the grader ends.
+
+The server is started with the environment the grader writes for a submission's
+processes (:func:`autograder.policy.process_environment`), never the grader's own: a
+forked child replaces ``os.environ``, but its ``/proc/self/environ`` still shows the
+environment the server was started with. Modules it preloads are imported with that
+environment: one that reads an environment variable at import time sees the server's
+value, not the child's.
 """
 from __future__ import annotations
 

@@ -36,7 +36,8 @@ from .layout import SourceNotebook, Submission, notebook_from_bytes, plural, sub
 from .options import (COPY_BUDGET, CPU, KERNEL_CPU_MARGIN, GradeOptions, available_cores,
                       default)
 from .confine import GROUP, USER, machine_layers
-from .policy import Policy, closed_folders, python_paths, shown_paths
+from .policy import (Policy, closed_folders, import_paths, process_environment, python_paths,
+                     shown_paths, source_folders)
 from .rebuild import Rebuilt, TestCell, rebuild
 from .spawn import Spawner, open_spawner
 
@@ -146,9 +147,13 @@ def sandbox_policy(submission: Submission, source: SourceNotebook, workdir: Path
         hidden.update((str(course_sources.parent), str(course_sources)))
         if len(submission.path.parents) > 2:
             hidden.add(str(submission.path.resolve().parents[2]))  # every student's submissions
+    # A lesson checkout the kernel imports from (on PYTHONPATH) is hidden like the course
+    # (its solutions/, tests/, .git): only its packages are shown again.
+    sources = source_folders()
+    hidden.update(sources)
     if os.geteuid() == 0:  # the kernel will run as nobody: cover what nobody may not enter
         hidden.update(closed_folders(python_paths()))
-    shown = shown_paths(hidden, python_paths())
+    shown = shown_paths(hidden, import_paths(sources))
     # Every layer this machine gives a kernel is required of each kernel: one that fails to
     # get it (a transient failure) does not start, rather than run with less.
     required = set(machine_layers())
@@ -446,7 +451,8 @@ class LocalRunner:
         self.spawner = spawner
         self._prepared: set = set()
         if spawner is None and notebooks is not None:
-            self.spawner = open_spawner(kernel, kernel_preload(notebooks))
+            self.spawner = open_spawner(kernel, kernel_preload(notebooks),
+                                        process_environment())
 
     def threads(self) -> int:
         return self.jobs
@@ -461,7 +467,8 @@ class LocalRunner:
     def _spawner(self, sources: Dict[str, SourceNotebook]) -> Spawner:
         if self.spawner is None:
             self.spawner = open_spawner(self.kernel,
-                                        kernel_preload(s.path for s in sources.values()))
+                                        kernel_preload(s.path for s in sources.values()),
+                                        process_environment())
         return self.spawner
 
     def prepare(self, sources: Dict[str, SourceNotebook]) -> None:

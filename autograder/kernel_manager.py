@@ -4,8 +4,9 @@ and nbclient instantiate, whose kernel process a :class:`~autograder.spawn.Spawn
 :func:`manager_class` binds one :class:`KernelLaunch` (working directory, environment,
 sandbox policy, log) to a kernel manager; its provisioner hands jupyter_client's command
 line to the spawner as the target :data:`autograder.kernel_process.TARGET`, so a forked
-and a fresh kernel start the same way. The launch records the process so a watchdog can
-kill it when the notebook's time is up.
+and a fresh kernel start the same way, with the environment the grader writes
+(:func:`autograder.policy.process_environment` and the launch's own), never its own. The
+launch records the process so a watchdog can kill it when the notebook's time is up.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from .kernel_process import TARGET
+from .policy import process_environment
 from .processes import kill_all
 from .spawn import Spawner
 
@@ -158,7 +160,7 @@ def manager_class(launch: KernelLaunch):
 
         async def _async_pre_start_kernel(self, **kw):
             kw["cwd"] = str(launch.cwd)
-            env = dict(os.environ)
+            env = process_environment()  # written by the grader, not its own
             env.update(launch.env)
             if launch.threads:
                 for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):

@@ -12,7 +12,10 @@ file. Two implementations of :class:`Spawner`:
 * :class:`FreshInterpreter`: a new ``python`` per process; it pays for every import, and
   works where ``fork()`` does not.
 
-:func:`open_spawner` is where "fork or fresh?" is decided, once per run.
+:func:`open_spawner` is where "fork or fresh?" is decided, once per run. A spawner is
+given the environment of the processes it starts (the fork server's own included), and
+never passes on its caller's: a grader's environment may hold secrets that the learner's
+code must not see (the grader writes one, :func:`autograder.policy.process_environment`).
 
 This module imports only the standard library: a fresh interpreter imports it first.
 """
@@ -82,26 +85,28 @@ class Spawner(Protocol):
     def start(self, target: str, *args: str, cwd: Optional[str] = None,
               env: Optional[Dict[str, str]] = None, stderr: Optional[str] = None) -> Process:
         """Start ``target(*args)`` in a new process. ``env`` replaces the environment
-        (None: the spawner's own, with this package on ``PYTHONPATH``); ``stderr`` is a file
-        to append the process's stderr to."""
+        (None: the environment the spawner was given, with this package on
+        ``PYTHONPATH``); ``stderr`` is a file to append the process's stderr to."""
         ...
 
     def close(self) -> None: ...
 
 
-def open_spawner(kind: str, preload: Iterable[str] = ()) -> Spawner:
+def open_spawner(kind: str, preload: Iterable[str] = (),
+                 env: Optional[Dict[str, str]] = None) -> Spawner:
     """The run's spawner: a fork server that preloads ``preload`` where ``kind`` is fork
-    and the platform can fork, else a fresh interpreter per process."""
+    and the platform can fork, else a fresh interpreter per process. ``env`` is the
+    environment of the processes it starts (None: an empty one, never this process's)."""
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
     if kind == "fork" and fork_supported():
-        return ForkServer(preload)
-    return FreshInterpreter()
+        return ForkServer(preload, env)
+    return FreshInterpreter(env)
 
 
 def _environment(env: Optional[Dict[str, str]] = None) -> Dict[str, str]:
-    """``env`` (or ours), with this package importable by a new interpreter."""
-    env = dict(os.environ if env is None else env)
+    """``env`` (None: an empty one), with this package importable by a new interpreter."""
+    env = dict(env or {})
     env["PYTHONPATH"] = os.pathsep.join(
         [str(PACKAGE_ROOT), *filter(None, [env.get("PYTHONPATH")])])
     return env
@@ -118,15 +123,19 @@ FRESH_BOOTSTRAP = ("import sys; sys.path.insert(0, {root!r}); "
 
 
 class FreshInterpreter:
-    """:class:`Spawner` that starts ``python -c BOOTSTRAP target args...`` each time."""
+    """:class:`Spawner` that starts ``python -c BOOTSTRAP target args...`` each time, with
+    ``env`` (None: an empty one) unless a start names one of its own."""
     kind = "fresh"
+
+    def __init__(self, env: Optional[Dict[str, str]] = None):
+        self.env = dict(env or {})
 
     def start(self, target: str, *args: str, cwd: Optional[str] = None,
               env: Optional[Dict[str, str]] = None, stderr: Optional[str] = None
               ) -> subprocess.Popen:
-        # Without an environment of its own, ours, where this package is importable (as
-        # for a forked child, whose server's PYTHONPATH names it).
-        env = _environment() if env is None else env
+        # Without an environment of its own, the spawner's, where this package is
+        # importable (as for a forked child, whose server's PYTHONPATH names it).
+        env = _environment(self.env) if env is None else env
         log = open(stderr, "ab") if stderr else subprocess.DEVNULL
         try:
             return subprocess.Popen(
@@ -219,19 +228,24 @@ class ForkServer:
     The server imports ``preload`` in the background from the moment this object exists;
     the first request waits for it. A server that died (say, killed by the out-of-memory
     killer) is started again, up to ``MAX_RESTARTS`` times.
+
+    The server is started with ``env`` (None: an empty one), never this process's own: a
+    forked child replaces ``os.environ``, but its ``/proc/self/environ`` shows the
+    environment the server was started with, and what the server preloads reads it.
     """
     kind = "fork"
     MAX_RESTARTS = 3
     CLOSE_TIMEOUT = 5.0  # seconds the server gets to exit once its stdin closes
 
-    def __init__(self, preload: Iterable[str] = ()):
+    def __init__(self, preload: Iterable[str] = (), env: Optional[Dict[str, str]] = None):
         self.preload = list(preload)
+        self.env = dict(env or {})
         self._lock = threading.Lock()
         self.restarts = 0
         self._spawn()
 
     def _spawn(self) -> None:
-        env = _environment()
+        env = _environment(self.env)
         env["PYDEVD_DISABLE_FILE_VALIDATION"] = "1"  # debugpy's import-time warning, not ours
         # Should a preloaded module ask torch.cuda.is_available() at import time, PyTorch
         # answers from NVML instead of initialising CUDA, which would not survive fork().
