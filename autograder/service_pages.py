@@ -223,7 +223,10 @@ class Submit(Base):
     received = 0
 
     async def prepare(self) -> None:
-        await super().prepare()
+        try:
+            await super().prepare()
+        except sqlite3.Error as error:  # who is asking cannot be known just now
+            return self.refuse(503, _unavailable(error))
         if self._finished:
             return
         try:
@@ -294,14 +297,18 @@ class Submit(Base):
             message, code = error.args if len(error.args) == 2 else (str(error), 400)
             return self.refuse(code, message)
         except (sqlite3.Error, OSError) as error:  # nothing was acknowledged
-            return self.refuse(503, f"the service cannot store uploads just now "
-                                    f"({type(error).__name__}); try again in a minute")
+            return self.refuse(503, _unavailable(error))
         if self.wants_json():
             self.set_status(201)
             return self.finish({"id": row.key, "attempt": row.attempt,
                                 "assignment": row.assignment,
                                 "url": self.url(f"submissions/{row.key}")})
         self.redirect(self.url(f"submissions/{row.key}"), status=303)
+
+
+def _unavailable(error: Exception) -> str:
+    return (f"the service cannot take uploads just now ({type(error).__name__}: {error}); "
+            "try again in a minute")
 
 
 def _no_room(error: OSError) -> str:
