@@ -43,6 +43,8 @@ COPY_BUDGET = 100 * 10**6       # bytes of a submission's folder copied at most 
 WORKERS_TIMEOUT = 60.0          # seconds a Dask run waits for a first worker
 RETRIES = 1                     # Dask: re-runs of a task that raised (deaths counted apart)
 KILLED_WORKER_ROUNDS = 2        # Dask: rounds of allowed-failures + 1 worker deaths
+MAX_CELLS = 2000                # cells of a submitted notebook (a course's have < 100): more
+#                                 is refused as invalid before they are read one by one
 GRADESCOPE_FILE_LIMIT = 5 * MiB   # the largest file a Gradescope autograder zip may hold
 GRADESCOPE_ZIP_LIMIT = 20 * MiB   # all its files together, before compression
 
@@ -84,7 +86,8 @@ class ServiceLimits:
     #                                 one idle between requests) is closed
     body_timeout: float = 120.0     # a request body not received by then is dropped (20 MiB
     #                                 at 1.4 Mbit/s)
-    max_cells: int = 2000           # cells of an uploaded notebook (a course's have < 100)
+    max_cells: int = MAX_CELLS      # cells of an uploaded notebook (at most MAX_CELLS: more
+    #                                 could not be graded)
     learner_jobs: int = 2           # uploads of one learner graded at once
     learner_bytes: int = 500 * MiB  # files one learner's uploads keep (uploads, executed)
     stuck_after: float = 1800.0     # /health says 503 when the oldest queued upload has
@@ -95,6 +98,9 @@ class ServiceLimits:
                      "learner_jobs", "learner_bytes", "stuck_after"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")
+        if self.max_cells > MAX_CELLS:
+            raise ValueError(f"max_cells can be at most {MAX_CELLS} (the grader refuses more), "
+                             f"got {self.max_cells}")
 
 
 @dataclass(frozen=True)
