@@ -39,6 +39,11 @@ from .service_db import DONE, Row, Store
 TROUBLE = (OSError, sqlite3.Error)  # the disk's or the database's, not the upload's: retried
 
 
+class GradingFailed(Exception):
+    """The runner could not grade an upload (whatever the error): it gets an error result,
+    and is not retried (an upload that always fails must not pause every grader)."""
+
+
 def graded_folder(files: Path, row: Row) -> Path:
     """Where one upload's results go: ``FILES/graded/<id>/<student>/<assignment>/``."""
     return Path(files) / "graded" / str(row.id)
@@ -151,8 +156,13 @@ class Graders:
                 self._wake.clear()
                 continue
             self.last_claim = time.time()
-            self._changed(row.id)
-            self._pool.submit(self._grade_and_release, row)
+            try:
+                self._changed(row.id)
+                self._pool.submit(self._grade_and_release, row)
+            except BaseException as error:  # (stopping: the pool is shut)
+                self._slots.release()
+                self._trouble(f"handing upload {row.id} to a grader", error)
+                self._put_back(row)
 
     def _changed(self, submission_id: int) -> None:
         if self.on_change is not None:
@@ -173,7 +183,9 @@ class Graders:
                 raise
             except Exception as error:  # a service bug: the upload still gets a result
                 traceback.print_exc()
-                self._failed(row, f"the service failed: {type(error).__name__}: {error}")
+                why = str(error) if isinstance(error, GradingFailed) else \
+                    f"{type(error).__name__}: {error}"
+                self._failed(row, f"the service failed: {why}")
             self._untroubled()
         except BaseException as error:  # the disk or the database: graded again later
             release()
@@ -205,7 +217,10 @@ class Graders:
         ``graded`` is called once the grading is over, before its results are written."""
         from .report import csv_row, write_submission
         sources = self.sources[row.assignment]
-        result = self.runner.grade([self.submission(row)], sources, self.options)[0]
+        try:
+            result = self.runner.grade([self.submission(row)], sources, self.options)[0]
+        except Exception as error:
+            raise GradingFailed(f"{type(error).__name__}: {error}") from error
         if graded is not None:
             graded()
         rules = self.rules[row.assignment]
