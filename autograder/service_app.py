@@ -218,7 +218,7 @@ class Service:
         if days_late and rules.late == "refuse":
             raise UploadRefused(f"the deadline of {assignment!r} was "
                                 f"{rules.deadline:%Y-%m-%d %H:%M %Z}: uploads are closed", 403)
-        self._check_hour(person, assignment, now)  # before the parse, and again after it
+        self.check_hour(person, assignment, now)  # before the parse, and again after it
         stored = self.stored_bytes(person.id)
         if stored + len(body) > self.limits.learner_bytes:
             raise UploadRefused(
@@ -232,7 +232,7 @@ class Service:
         except ValueError as error:
             raise UploadRefused(f"{filename or 'the upload'}: {error}", 415) from None
         with self._upload_lock:
-            self._check_hour(person, assignment, now)
+            self.check_hour(person, assignment, now)
             attempt = self.store.next_attempt(person.id, assignment, notebook)
             folder = self.files / "uploads" / person.id / assignment / str(attempt)
             try:
@@ -250,7 +250,7 @@ class Service:
             self.graders.wake()
         return self.store.get(submission_id)
 
-    def _check_hour(self, person: Person, assignment: str, now: float) -> None:
+    def check_hour(self, person: Person, assignment: str, now: float) -> None:
         """Refuse (429) an upload beyond the assignment's uploads an hour."""
         allowed = self.config.rules[assignment].attempts_per_hour
         recent = self.store.upload_times(person.id, assignment, now - HOUR)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 import sqlite3
 import tempfile
+import time
 from html import escape
 from pathlib import Path
 from typing import List, Optional
@@ -235,8 +236,16 @@ class Submit(Base):
             declared = 0  # (Tornado has refused it already)
         if declared > UPLOAD_BODY:
             self.refusal = (413, too_big(declared))
-            if self.request.headers.get("Expect", "").lower() == "100-continue":
-                return self.refuse(*self.refusal)  # it waits for this before sending
+        assignment = self.get_query_argument("assignment", "")
+        if self.refusal is None and assignment in self.service.sources:
+            try:  # `submit` names it in the address too: the hour's limit before the body
+                self.service.check_hour(self.person, assignment, time.time())
+            except ValueError as error:
+                message, code = error.args
+                self.refusal = (code, message)
+        if self.refusal is not None and \
+                self.request.headers.get("Expect", "").lower() == "100-continue":
+            return self.refuse(*self.refusal)  # it waits for this before sending
         self.request.connection.set_max_body_size(DRAIN)
         if self.refusal is None:
             incoming = self.service.files / "incoming"

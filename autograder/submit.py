@@ -121,7 +121,8 @@ def multipart(fields: dict, name: str, filename: str, body: bytes) -> Tuple[byte
 def upload(notebook: Path, base: str, token: str, assignment: str = "") -> dict:
     body, content_type = multipart({"assignment": assignment}, "notebook",
                                    Path(notebook).name, Path(notebook).read_bytes())
-    return _post(base.rstrip("/") + "/submit", token, body, content_type)
+    query = f"?assignment={urllib.parse.quote(assignment)}" if assignment else ""
+    return _post(base.rstrip("/") + "/submit" + query, token, body, content_type)
 
 
 def wait(base: str, token: str, submission_id: str, timeout: float,

@@ -42,8 +42,10 @@ STORAGE_MIB = 8
 
 
 def course_copy(tmp_path_factory, name: str, rules: str = "") -> Path:
+    """The fixture course, with ``quota``, a copy of its assignment."""
     course = tmp_path_factory.mktemp(name) / "course"
     shutil.copytree(COURSE, course)
+    shutil.copytree(course / "solutions" / "demo", course / "solutions" / "quota")
     (course / "roster.toml").write_text(ROSTER)
     (course / "service.toml").write_text("attempts_per_hour = 50\n" + rules)
     return course
@@ -59,7 +61,8 @@ def limited(tmp_path_factory):
     """Two graders, limits lowered: 2 s for headers, 3 s for a body, 50 cells, one upload
     of a learner graded at once, 8 MiB of files each; the best attempt counts, only the
     last attempt's files are kept besides it."""
-    course = course_copy(tmp_path_factory, "limited", 'counts = "best"\nkeep_files = 1\n')
+    course = course_copy(tmp_path_factory, "limited", 'counts = "best"\nkeep_files = 1\n'
+                         '[assignments.quota]\nattempts_per_hour = 1\n')
     people = issue_tokens(course)
     server = serve(course, "--header-timeout", HEADER_TIMEOUT, "--body-timeout", BODY_TIMEOUT,
                    "--max-cells", 50, "--learner-jobs", 1, "--learner-storage", STORAGE_MIB,
@@ -86,6 +89,11 @@ def rows(db: Path) -> list:
     with contextlib.closing(sqlite3.connect(db)) as connection:
         return connection.execute("SELECT id, student, attempt, state, gradings, status, path, "
                                   "executed FROM submissions ORDER BY id").fetchall()
+
+
+def upload_file(server, token, raw: bytes):
+    body, kind = multipart({"assignment": "demo"}, "notebook", "demo.ipynb", raw)
+    return request(f"{server.url}/submit", token, body, {"Content-Type": kind})
 
 
 # ------------------------------------------------------------- connections and bodies
@@ -172,15 +180,26 @@ def test_an_upload_of_any_size_over_the_limit_is_refused_with_why(limited, tmp_p
     assert status == 413 and "the limit is 20 MiB" in json.loads(answer)["error"], answer
 
 
+def test_the_hours_limit_is_told_before_the_body_is_sent(limited):
+    server, people = limited
+    status, answer = upload(server, people["grace"], answered(), assignment="quota")
+    assert status == 201, answer
+    with socket.create_connection(("127.0.0.1", int(server.url.rsplit(":", 1)[1]))) as sock:
+        sock.sendall(f"POST /submit?assignment=quota HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                     f"Authorization: Bearer {people['grace']}\r\nAccept: application/json\r\n"
+                     "Content-Type: multipart/form-data; boundary=x\r\nContent-Length: "
+                     f"{2**20}\r\nExpect: 100-continue\r\n\r\n".encode())
+        sock.settimeout(5)
+        answer = sock.recv(65536)
+    assert answer.startswith(b"HTTP/1.1 429 ") and b"the limit is 1 an hour" in answer, answer
+
+
 @pytest.mark.parametrize("depth", [900, 100_000])
 def test_json_nested_deep_is_refused_with_a_4xx(limited, depth):
     server, people = limited
     nested = "[" * depth + "]" * depth
     raw = '{"cells": [], "metadata": {"x": %s}, "nbformat": 4, "nbformat_minor": 5}' % nested
-    body = (b"--x\r\nContent-Disposition: form-data; name=\"notebook\"; filename=\"demo.ipynb\""
-            b"\r\n\r\n" + raw.encode() + b"\r\n--x--\r\n")
-    status, answer = request(f"{server.url}/submit", people["grace"], body,
-                             {"Content-Type": "multipart/form-data; boundary=x"})
+    status, answer = upload_file(server, people["grace"], raw.encode())
     assert status == 415 and "nested more than" in json.loads(answer)["error"], (status, answer)
 
 
@@ -190,11 +209,6 @@ def tiny_cells(count: int) -> bytes:
     nb["cells"] += [{"cell_type": "code", "metadata": {}, "source": "1", "outputs": [],
                      "execution_count": None}] * count
     return json.dumps(nb).encode()
-
-
-def upload_file(server, token, raw: bytes):
-    body, kind = multipart({"assignment": "demo"}, "notebook", "demo.ipynb", raw)
-    return request(f"{server.url}/submit", token, body, {"Content-Type": kind})
 
 
 def test_a_notebook_of_too_many_cells_is_refused_at_the_upload(limited):
