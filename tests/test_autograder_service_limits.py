@@ -382,3 +382,25 @@ def test_the_database_unavailable_and_the_disk_full_lose_no_upload(tmp_path_fact
         if server is not None:
             server.stop()
         subprocess.run(["umount", "-l", str(state)], capture_output=True)
+
+
+# ------------------------------------------------------------------ the settings
+
+def test_keep_files_and_the_limits_are_checked(tmp_path_factory):
+    from autograder.layout import TooManyCells, notebook_from_bytes
+    from autograder.options import MAX_CELLS, ServiceLimits
+    from autograder.service_config import ConfigError, read_rules
+    course = course_copy(tmp_path_factory, "settings", "keep_files = 2\n"
+                         "[assignments.quota]\nkeep_files = 1\n")
+    default, rules = read_rules(course, ["demo", "quota"])
+    assert (default.keep_files, rules["demo"].keep_files, rules["quota"].keep_files) == (2, 2, 1)
+    for wrong in ("0", "true", '"all"'):
+        (course / "service.toml").write_text(f"keep_files = {wrong}\n")
+        with pytest.raises(ConfigError, match="keep_files must be a whole number of 1 or more"):
+            read_rules(course, ["demo", "quota"])
+    with pytest.raises(ValueError, match=f"max_cells can be at most {MAX_CELLS}"):
+        ServiceLimits(max_cells=MAX_CELLS + 1)
+    with pytest.raises(ValueError, match="header_timeout must be positive"):
+        ServiceLimits(header_timeout=0)
+    with pytest.raises(TooManyCells, match="has 14 cells; the limit is 5"):
+        notebook_from_bytes(tiny_cells(0), max_cells=5)
