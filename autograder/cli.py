@@ -12,6 +12,7 @@ from typing import List, Optional
 
 from .options import (CHECK_PROFILE, DEVICE_CHOICES, KERNELS, PROFILE_CHOICES, PROFILES, RETRIES,
                       SERVICE_HOST, SERVICE_PORT, SERVICE_SESSION_DAYS, SERVICE_SUBMIT_WAIT, GiB,
+                      MiB, ServiceLimits,
                       available_cores, default)
 
 
@@ -136,6 +137,29 @@ def parser() -> argparse.ArgumentParser:
                        metavar="N", help="with --scheduler: as for grade (default %(default)s)")
     serve.add_argument("--profile", choices=PROFILE_CHOICES, default=default("profile"),
                        help="as for grade")
+    limits = ServiceLimits()
+    serve.add_argument("--max-connections", type=_positive(int), metavar="N",
+                       default=limits.max_connections,
+                       help="connections at once (default %(default)s, and no more than the "
+                            "open-files limit allows); past it, the oldest one still sending "
+                            "its headers is closed")
+    serve.add_argument("--header-timeout", type=_positive(float), metavar="SECONDS",
+                       default=limits.header_timeout,
+                       help="close a connection that has not sent a request's headers by then "
+                            "(or stays idle that long between requests; default %(default)g)")
+    serve.add_argument("--body-timeout", type=_positive(float), metavar="SECONDS",
+                       default=limits.body_timeout,
+                       help="drop an upload not received by then (default %(default)g)")
+    serve.add_argument("--max-cells", type=_positive(int), metavar="N",
+                       default=limits.max_cells,
+                       help="refuse a notebook of more cells (default %(default)s)")
+    serve.add_argument("--learner-jobs", type=_positive(int), metavar="N",
+                       default=limits.learner_jobs,
+                       help="uploads of one learner graded at once (default %(default)s)")
+    serve.add_argument("--learner-storage", type=_positive(float), metavar="MIB",
+                       default=limits.learner_bytes / MiB,
+                       help="MiB of files each learner's uploads may keep: the uploads and "
+                            "their executed copies (default %(default)g)")
     add_time_limits(serve)
     add_kernel_options(serve)
 
@@ -357,9 +381,15 @@ def run_serve(args: argparse.Namespace) -> int:
         return 2
     from .service_db import DatabaseError
     try:
+        limits = ServiceLimits(max_connections=args.max_connections,
+                               header_timeout=args.header_timeout,
+                               body_timeout=args.body_timeout, max_cells=args.max_cells,
+                               learner_jobs=args.learner_jobs,
+                               learner_bytes=int(args.learner_storage * MiB),
+                               stuck_after=max(ServiceLimits.stuck_after, 2 * args.timeout))
         service = Service(args.course, db=args.db, gradebook=args.gradebook,
                           hub=args.jupyterhub, behind_proxy=args.behind_proxy,
-                          session_days=args.session_days)
+                          session_days=args.session_days, limits=limits)
     except (ConfigError, DatabaseError, FileNotFoundError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

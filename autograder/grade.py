@@ -33,8 +33,8 @@ from .execute import TIMEOUT_ENAME, Execution, execute
 from .imports import kernel_preload
 from .judge import FAILED, MANUAL, NOT_RUN, PARTIAL, PASSED, SKIPPED, TestResult, judge
 from .layout import SourceNotebook, Submission, notebook_from_bytes, plural, submitted_bytes
-from .options import (COPY_BUDGET, CPU, KERNEL_CPU_MARGIN, GradeOptions, available_cores,
-                      default)
+from .options import (COPY_BUDGET, CPU, KERNEL_CPU_MARGIN, MAX_CELLS, GradeOptions,
+                      available_cores, default)
 from .confine import GROUP, USER, machine_layers
 from .policy import (Policy, closed_folders, import_paths, process_environment, python_paths,
                      shown_paths, source_folders)
@@ -355,7 +355,7 @@ def grade_submission(submission: Submission, source: Optional[SourceNotebook],
             for t in plan.tests]
     try:
         raw = submitted_bytes(submission.path, submission.root)
-        submitted, repairs = notebook_from_bytes(raw)
+        submitted, repairs = notebook_from_bytes(raw, max_cells=MAX_CELLS)
         seed = test_seed(source, raw)
         rebuilt = rebuild(source.graded_view, submitted, device=options.device,
                           profile=options.profile, seed=seed)

@@ -25,6 +25,8 @@ if TYPE_CHECKING:  # nbformat is imported where it is used: starting up stays qu
 
 DEFAULT_SOURCE_DIRECTORY = "solutions"
 MAX_NOTEBOOK_BYTES = 20 * 2**20  # larger submissions are refused, not parsed
+MAX_NOTEBOOK_DEPTH = 100  # JSON nested deeper is refused (Jupyter's own files nest < 20;
+#                           nbformat's validation recurses and would overflow the stack)
 # The instructor's justifications of equivalent mutants (autograder.mutants): beside the
 # notebook, never copied into a release, a kernel's working directory or a Gradescope zip.
 EQUIVALENT_MUTANTS = "equivalent_mutants.toml"
@@ -292,6 +294,13 @@ def mebibytes(size: int, limit: Optional[int] = None) -> str:
     return f"{tenths / 10:.1f}"
 
 
+def too_big(size: int, again: str = "upload") -> str:
+    """Why a notebook of ``size`` bytes is refused, and what to do."""
+    return (f"the notebook is {mebibytes(size, MAX_NOTEBOOK_BYTES)} MiB; the limit is "
+            f"{MAX_NOTEBOOK_BYTES / 2**20:g} MiB (clear its outputs, save it and {again} it "
+            "again)")
+
+
 def plural(count: int, word: str, words: str = "") -> str:
     """``1 cell``, ``2 cells``: a count with its noun in the right number."""
     return f"{count} {word if count == 1 else words or word + 's'}"
@@ -318,10 +327,7 @@ def submitted_bytes(path: Path, root: Optional[Path] = None) -> bytes:
             raise ValueError(f"the notebook is {kind}, not a file: submit the notebook "
                              "file itself")
     if info.st_size > MAX_NOTEBOOK_BYTES:
-        raise ValueError(f"the notebook is {mebibytes(info.st_size, MAX_NOTEBOOK_BYTES)} MiB; "
-                         "the limit is "
-                         f"{MAX_NOTEBOOK_BYTES / 2**20:g} MiB (clear its outputs, save it and "
-                         "submit it again)")
+        raise ValueError(too_big(info.st_size, "submit"))
     try:  # O_NOFOLLOW and O_NONBLOCK: swapped for a link or a pipe since the lstat, it fails
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError as error:
@@ -356,8 +362,29 @@ def decoded(raw: bytes) -> Tuple[str, str]:
         return text, "Windows-1252"
 
 
-def notebook_from_bytes(raw: bytes) -> Tuple["nbformat.NotebookNode", List[str]]:
+def json_depth(data) -> int:
+    """How deeply ``data`` (parsed JSON) nests lists and objects, without recursion."""
+    deepest, pending = 0, [(data, 1)]
+    while pending:
+        item, depth = pending.pop()
+        if isinstance(item, dict):
+            item = list(item.values())
+        if isinstance(item, list):
+            deepest = max(deepest, depth)
+            pending.extend((value, depth + 1) for value in item
+                           if isinstance(value, (dict, list)))
+    return deepest
+
+
+class TooManyCells(ValueError):
+    """A notebook of more cells than the caller takes (refused before they are read)."""
+
+
+def notebook_from_bytes(raw: bytes, max_cells: Optional[int] = None
+                        ) -> Tuple["nbformat.NotebookNode", List[str]]:
     """A learner's notebook from the file's bytes, forgiving what can be forgiven.
+    With ``max_cells``, a notebook of more cells is :class:`TooManyCells`, found before
+    the cells are read one by one (seconds for a 20 MiB file of tiny cells).
 
     Returns the notebook and notes on what was repaired (to tell the learner). Raises
     ``ValueError`` with one sentence a learner understands, saying what is wrong with the
@@ -372,14 +399,22 @@ def notebook_from_bytes(raw: bytes) -> Tuple["nbformat.NotebookNode", List[str]]
     try:
         text, encoding = decoded(raw)
         data = json.loads(text)
+    except RecursionError:
+        data = None
     except (UnicodeDecodeError, ValueError):
         what = "empty" if not raw else "not JSON text (cut short, or another kind of file)"
         raise ValueError(f"the file is not a Jupyter notebook: it is {what}; "
                          f"{SAVE_AGAIN}") from None
+    if data is None or json_depth(data) > MAX_NOTEBOOK_DEPTH:
+        raise ValueError(f"the file is JSON nested more than {MAX_NOTEBOOK_DEPTH} levels deep, "
+                         f"which no Jupyter notebook is; {SAVE_AGAIN}")
     if not isinstance(data, dict) or not isinstance(data.get("cells", data.get("worksheets")),
                                                     list):
         raise ValueError("the file is JSON but not a Jupyter notebook (it has no list of "
                          "cells): submit the .ipynb file that Jupyter saves for your work")
+    if max_cells is not None and len(data.get("cells") or ()) > max_cells:
+        raise TooManyCells(f"the notebook has {len(data['cells'])} cells; the limit is "
+                           f"{max_cells} (merge or delete cells, save it and submit it again)")
     notes: List[str] = []
     if encoding:
         notes.append(f"the file was saved as {encoding} text, not UTF-8: it was read as "

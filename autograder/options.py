@@ -43,6 +43,8 @@ COPY_BUDGET = 100 * 10**6       # bytes of a submission's folder copied at most 
 WORKERS_TIMEOUT = 60.0          # seconds a Dask run waits for a first worker
 RETRIES = 1                     # Dask: re-runs of a task that raised (deaths counted apart)
 KILLED_WORKER_ROUNDS = 2        # Dask: rounds of allowed-failures + 1 worker deaths
+MAX_CELLS = 2000                # cells of a submitted notebook (a course's have < 100): more
+#                                 is refused as invalid before they are read one by one
 GRADESCOPE_FILE_LIMIT = 5 * MiB   # the largest file a Gradescope autograder zip may hold
 GRADESCOPE_ZIP_LIMIT = 20 * MiB   # all its files together, before compression
 
@@ -60,11 +62,47 @@ SERVICE_SUBMIT_WAIT = 1800.0    # seconds `submit` waits for its feedback
 SERVICE_HTTP_TIMEOUT = 60.0     # seconds `submit` waits for one answer of the service
 SERVICE_DB_BUSY = 30.0          # seconds a database call waits for another's write
 SERVICE_REFRESH = 2             # seconds between reloads of a page waiting for a grade
-SERVICE_BODY_CEILING = 4        # a request body over this many times the upload limit is
-#                                 cut off unread; up to it, the refusal names the size
+SERVICE_FORM_OVERHEAD = 64 * 1024  # an upload's body beyond the notebook (the form's fields)
 SERVICE_ID_BYTES = 16           # random bytes of a submission's id in its URLs
 SERVICE_SESSION_DAYS = 14.0     # a browser stays signed in this long after its sign-in
 #                                 (server side and in its cookie), unless it signs out
+SERVICE_FORM_BYTES = 64 * 1024  # the largest body of any request but an upload (read before
+#                                 anyone is known: sign-out, regrade); an upload's is raised
+#                                 to the upload limit once its sender is signed in
+SERVICE_FD_RESERVE = 64         # open files kept for the database, logs and graders, plus
+SERVICE_FD_PER_JOB = 32         # this many per grader (its kernel's sockets and pipes)
+SERVICE_ERROR_BACKOFF = (0.5, 30.0)  # seconds a grader waits after an error: first, longest
+SERVICE_KEEP_FILES = 5          # attempts whose files are kept (service.toml keep_files)
+
+
+@dataclass(frozen=True)
+class ServiceLimits:
+    """What the submission service lets one connection, one upload and one learner use.
+
+    Sizes in bytes, times in seconds. ``serve`` has a flag for each (README: Running the
+    submission service); the defaults suit a course of some hundreds of learners."""
+    max_connections: int = 1000     # connections at once (also bounded by the open-files
+    #                                 limit, less the reserve); past it, the oldest one still
+    #                                 sending its headers is closed, or the new one gets 503
+    header_timeout: float = 10.0    # a connection that has not sent its headers by then (and
+    #                                 one idle between requests) is closed
+    body_timeout: float = 120.0     # a request body not received by then is dropped (20 MiB
+    #                                 at 1.4 Mbit/s)
+    max_cells: int = MAX_CELLS      # cells of an uploaded notebook (at most MAX_CELLS: more
+    #                                 could not be graded)
+    learner_jobs: int = 2           # uploads of one learner graded at once
+    learner_bytes: int = 500 * MiB  # files one learner's uploads keep (uploads, executed)
+    stuck_after: float = 1800.0     # /health says 503 when the oldest queued upload has
+    #                                 waited this long with no grading started meanwhile
+
+    def __post_init__(self):
+        for name in ("max_connections", "header_timeout", "body_timeout", "max_cells",
+                     "learner_jobs", "learner_bytes", "stuck_after"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")
+        if self.max_cells > MAX_CELLS:
+            raise ValueError(f"max_cells can be at most {MAX_CELLS} (the grader refuses more), "
+                             f"got {self.max_cells}")
 
 
 @dataclass(frozen=True)

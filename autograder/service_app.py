@@ -13,7 +13,14 @@ with the OAuth callback ``oauth_callback`` there too):
 ``/submissions/ID.json`` (the same for ``python -m autograder submit``; ``?wait=S`` holds it
 until the upload changes state, at most ``SERVICE_LONG_POLL`` seconds),
 ``/submissions/ID/notebook`` (the executed notebook),
-``/instructor``, ``/instructor/grades.csv``, ``POST /instructor/regrade``.
+``/instructor``, ``/instructor/grades.csv``, ``POST /instructor/regrade``, and ``/health``
+(for an instructor's monitor, open to anyone and naming no one: graders alive, queue
+length, the oldest upload's wait; 503 when the graders are dead or the queue is stuck).
+
+What one client may use is bounded before anything is parsed (:class:`~.options.
+ServiceLimits`): connections at once (:class:`BoundedServer`), the time to send headers
+and a body, the body of any request (an upload's only once its sender is signed in), the
+cells of a notebook, a learner's gradings at once and stored files.
 """
 from __future__ import annotations
 
@@ -25,22 +32,29 @@ import logging
 import math
 import os
 import re
+import resource
 import secrets
+import shutil
 import signal
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
 from typing import Dict, List, Optional
 
 import tornado.log
 import tornado.web
+from tornado import httputil
+from tornado.httpserver import HTTPServer
 
-from .layout import MAX_NOTEBOOK_BYTES, Course, mebibytes, notebook_from_bytes, plural
-from .options import SERVICE_BODY_CEILING, SERVICE_DB, SERVICE_SESSION_DAYS
+from .layout import (MAX_NOTEBOOK_BYTES, Course, TooManyCells, mebibytes, notebook_from_bytes,
+                     plural, too_big)
+from .options import (SERVICE_DB, SERVICE_FD_PER_JOB, SERVICE_FD_RESERVE,
+                      SERVICE_FORM_BYTES, SERVICE_SESSION_DAYS, ServiceLimits)
 from .service_auth import HubSignIn, TokenSignIn, hub_address
 from .service_config import ConfigError, Person, ServiceConfig  # noqa: F401 (ConfigError: cli)
-from .service_db import DONE, QUEUED, Row, Store, when
+from .service_db import DONE, GRADING, QUEUED, Row, Store, when
 
 HOUR = 3600.0
 # query parameters that carry a secret: the sign-in link's token, an OAuth callback's code
@@ -82,6 +96,33 @@ def course_assignments(course: Course) -> List[str]:
                   if p.is_dir() and any(p.glob("*.ipynb")))
 
 
+class UploadRefused(ValueError):
+    """An upload the service does not take: ``args`` are the message and the HTTP code."""
+
+
+def folder_bytes(folder: Path) -> int:
+    """The bytes of the files under ``folder`` (0 if there is none)."""
+    total = 0
+    for path in Path(folder).rglob("*") if Path(folder).is_dir() else ():
+        try:
+            total += path.lstat().st_size if path.is_file() else 0
+        except OSError:
+            pass
+    return total
+
+
+def raise_open_files() -> int:
+    """Raise this process's soft limit on open files to its hard limit; the new limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError):
+            pass
+    return soft
+
+
 def write_durably(path: Path, data: bytes) -> None:
     """``data`` at ``path``, on disk (file and folder entry) when this returns."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -103,11 +144,14 @@ class Service:
 
     def __init__(self, course: Path, db: Optional[Path] = None, gradebook: Optional[str] = "",
                  hub: bool = False, behind_proxy: bool = False,
-                 session_days: float = SERVICE_SESSION_DAYS):
+                 session_days: float = SERVICE_SESSION_DAYS,
+                 limits: ServiceLimits = ServiceLimits()):
         """``hub``: run as a JupyterHub service (its users, its OAuth; no roster).
         ``behind_proxy``: believe the ``X-Forwarded-Proto`` and ``X-Real-IP`` (or
         ``X-Forwarded-For``) headers of a proxy in front (a TLS proxy: cookies are then
-        ``Secure``). ``session_days``: how long a browser's sign-in lasts."""
+        ``Secure``). ``session_days``: how long a browser's sign-in lasts. ``limits``: what
+        one connection, upload and learner may use."""
+        self.limits = limits
         self.course = Course.discover(course)
         self.assignments = course_assignments(self.course)
         if hub:  # a clear error, before anything else, off a hub or without a service url
@@ -130,6 +174,9 @@ class Service:
         self._upload_lock = threading.Lock()
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._waiting: Dict[int, List[asyncio.Future]] = {}  # upload id -> requests held
+        # uploads are read and checked here, off the event loop (a 20 MiB notebook takes
+        # seconds to parse): two at once, so that the graders keep their cores
+        self.upload_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="upload")
 
     # changes: a request for feedback waits for its upload's next change (a long poll)
 
@@ -171,63 +218,116 @@ class Service:
 
     # uploads
 
+    def stored_bytes(self, person_id: str) -> int:
+        """What one learner's uploads keep on disk: the uploads and their graded files."""
+        total = folder_bytes(self.files / "uploads" / person_id)
+        for (row_id,) in self.store.ids_of(person_id):
+            total += folder_bytes(self.files / "graded" / str(row_id))
+        return total
+
     def accept(self, person: Person, assignment: str, filename: str, body: bytes) -> Row:
-        """Store an upload durably and queue it; ``ValueError`` (message, HTTP code) if not.
+        """Store an upload durably and queue it; :class:`UploadRefused` (message, HTTP code)
+        if not. What is cheap is checked first (the limits, the hour's uploads, the learner's
+        stored files), the notebook is parsed last; call it off the event loop.
 
         ``filename`` (the browser's, the learner's) only says which notebook this is: the
         file is stored under the course's own notebook name, never under ``filename``."""
         if not body:
-            raise ValueError("the upload is empty: choose your notebook file", 400)
+            raise UploadRefused("the upload is empty: choose your notebook file", 400)
         if len(body) > MAX_NOTEBOOK_BYTES:
-            raise ValueError(f"the notebook is {mebibytes(len(body), MAX_NOTEBOOK_BYTES)} MiB; "
-                             "the limit is "
-                             f"{MAX_NOTEBOOK_BYTES / 2**20:g} MiB (clear its outputs, save it "
-                             "and upload it again)", 413)
-        try:
-            notebook_from_bytes(body)
-        except ValueError as error:
-            raise ValueError(f"{filename or 'the upload'}: {error}", 415) from None
+            raise UploadRefused(too_big(len(body)), 413)
         stem = PurePosixPath(str(filename or "").replace("\\", "/").replace("\0", "")).stem
         if not assignment:
             matches = [a for a, s in self.sources.items() if stem in s] or \
                       [a for a in self.assignments if a == stem]
             if len(matches) != 1:
-                raise ValueError(f"say which assignment {filename!r} is for (one of "
-                                 f"{', '.join(self.assignments)})", 400)
+                raise UploadRefused(f"say which assignment {filename!r} is for (one of "
+                                    f"{', '.join(self.assignments)})", 400)
             assignment = matches[0]
         if assignment not in self.sources:
-            raise ValueError(f"no assignment {assignment!r} (there are "
-                             f"{', '.join(self.assignments)})", 404)
+            raise UploadRefused(f"no assignment {assignment!r} (there are "
+                                f"{', '.join(self.assignments)})", 404)
         names = sorted(self.sources[assignment])
         notebook = names[0] if len(names) == 1 else stem
         if notebook not in names:
-            raise ValueError(f"assignment {assignment!r} has notebooks {', '.join(names)}: "
-                             "upload one of them under its own name", 400)
+            raise UploadRefused(f"assignment {assignment!r} has notebooks {', '.join(names)}: "
+                                "upload one of them under its own name", 400)
         rules = self.config.rules[assignment]
         now = time.time()
         days_late = rules.days_late(datetime.fromtimestamp(now, timezone.utc))
         if days_late and rules.late == "refuse":
-            raise ValueError(f"the deadline of {assignment!r} was "
-                             f"{rules.deadline:%Y-%m-%d %H:%M %Z}: uploads are closed", 403)
+            raise UploadRefused(f"the deadline of {assignment!r} was "
+                                f"{rules.deadline:%Y-%m-%d %H:%M %Z}: uploads are closed", 403)
+        self.check_hour(person, assignment, now)  # before the parse, and again after it
+        stored = self.stored_bytes(person.id)
+        if stored + len(body) > self.limits.learner_bytes:
+            raise UploadRefused(
+                f"your uploads and their graded copies keep {mebibytes(stored)} MiB, and this "
+                f"one would take it past the {mebibytes(self.limits.learner_bytes)} MiB each "
+                "learner may keep: ask your instructor", 507)
+        try:
+            notebook_from_bytes(body, max_cells=self.limits.max_cells)
+        except TooManyCells as error:
+            raise UploadRefused(str(error), 413) from None
+        except ValueError as error:
+            raise UploadRefused(f"{filename or 'the upload'}: {error}", 415) from None
         with self._upload_lock:
-            recent = self.store.upload_times(person.id, assignment, now - HOUR)
-            if len(recent) >= rules.attempts_per_hour:
-                # the upload that frees a place: the one that many places back from the end
-                frees = recent[-rules.attempts_per_hour] + HOUR
-                minutes = max(1, math.ceil((frees - now) / 60))
-                raise ValueError(f"{len(recent)} uploads of {assignment!r} in the last hour: "
-                                 f"the limit is {rules.attempts_per_hour} an hour; try again "
-                                 f"in {plural(minutes, 'minute')}", 429)
+            self.check_hour(person, assignment, now)
             attempt = self.store.next_attempt(person.id, assignment, notebook)
             folder = self.files / "uploads" / person.id / assignment / str(attempt)
-            write_durably(folder / "timestamp.txt",
-                          datetime.fromtimestamp(now, timezone.utc).isoformat().encode())
-            write_durably(folder / f"{notebook}.ipynb", body)
+            try:
+                write_durably(folder / "timestamp.txt",
+                              datetime.fromtimestamp(now, timezone.utc).isoformat().encode())
+                write_durably(folder / f"{notebook}.ipynb", body)
+            except OSError as error:  # the disk is full (or gone): nothing was acknowledged
+                shutil.rmtree(folder, ignore_errors=True)
+                raise UploadRefused(f"the service could not store the upload "
+                                    f"({error.strerror or error}); try again later", 507) \
+                    from None
             submission_id = self.store.add(person.id, assignment, notebook, attempt,
                                            folder / f"{notebook}.ipynb", now, days_late)
         if self.graders is not None:
             self.graders.wake()
         return self.store.get(submission_id)
+
+    def check_hour(self, person: Person, assignment: str, now: float) -> None:
+        """Refuse (429) an upload beyond the assignment's uploads an hour."""
+        allowed = self.config.rules[assignment].attempts_per_hour
+        recent = self.store.upload_times(person.id, assignment, now - HOUR)
+        if len(recent) >= allowed:
+            # the upload that frees a place: the one that many places back from the end
+            frees = recent[-allowed] + HOUR
+            minutes = max(1, math.ceil((frees - now) / 60))
+            raise UploadRefused(f"{len(recent)} uploads of {assignment!r} in the last hour: "
+                                f"the limit is {allowed} an hour; try again in "
+                                f"{plural(minutes, 'minute')}", 429)
+
+    def health(self) -> tuple:
+        """(HTTP code, what ``/health`` says): no one's name, no upload's id."""
+        graders = self.graders
+        data = {"graders": graders.jobs if graders else 0,
+                "graders_alive": bool(graders and graders.alive())}
+        try:
+            rows = self.store.states()
+        except Exception as error:  # the database: unreadable, locked, its disk gone
+            data.update(status="database unavailable", error=type(error).__name__)
+            return 503, data
+        now = time.time()
+        queued = [created for state, created in rows if state == QUEUED]
+        data.update(queued=len(queued), grading=sum(state == GRADING for state, _ in rows),
+                    oldest_queued_seconds=round(now - min(queued), 1) if queued else 0.0)
+        if graders is not None:
+            data["last_error"] = graders.last_error
+            data["seconds_since_last_claim"] = (round(now - graders.last_claim, 1)
+                                                if graders.last_claim else None)
+        status = "ok"
+        if not data["graders_alive"]:
+            status = "graders stopped"
+        elif queued and now - min(queued) > self.limits.stuck_after and (
+                graders.last_claim is None or now - graders.last_claim > self.limits.stuck_after):
+            status = "queue stuck"
+        data["status"] = status
+        return (200 if status == "ok" else 503), data
 
     # what pages show
 
@@ -288,6 +388,8 @@ class Service:
         return out.getvalue()
 
     def regrade_all(self) -> int:
+        """Queue every attempt that counts again; until each is graded anew, its earlier
+        result still counts (grades.csv shows no other attempt meanwhile)."""
         count = self.store.requeue([row.id for row in self.counted_rows().values()])
         if self.graders is not None:
             self.graders.wake()
@@ -308,6 +410,7 @@ class Service:
                 logger.addFilter(Redacted())
         # a form's POST needs its XSRF token and, from a browser that says where it came
         # from (Sec-Fetch-Site, Origin), to come from the service's own pages
+        routes.insert(0, (re.escape(signin.prefix) + r"health", pages.Health))
         return tornado.web.Application(routes, service=self, xsrf_cookies=True,
                                        cross_origin_protection=True,
                                        cookie_secret=secrets.token_bytes(32),
@@ -322,15 +425,21 @@ class Service:
         from .service_queue import Graders
         self.graders = Graders(self.store, runner, self.course, self.sources, options,
                                self.config.rules, self.files, gradebook=self.gradebook,
-                               on_change=self.changed)
+                               on_change=self.changed, limits=self.limits)
         return asyncio.run(self._serve(*self.address(host, port)))
 
     async def _serve(self, host: str, port: int) -> int:
-        from tornado.httpserver import HTTPServer
         from tornado.netutil import bind_sockets
         sockets = bind_sockets(port, host)
-        server = HTTPServer(self.application(), xheaders=self.behind_proxy,
-                            max_body_size=MAX_NOTEBOOK_BYTES * SERVICE_BODY_CEILING)
+        open_files = raise_open_files()
+        # the header timeout is Tornado's idle_connection_timeout: headers not in by then,
+        # on a new connection or between requests, and the connection is closed
+        server = BoundedServer(self.application(), max_body_size=SERVICE_FORM_BYTES,
+                               xheaders=self.behind_proxy,
+                               idle_connection_timeout=self.limits.header_timeout,
+                               body_timeout=self.limits.body_timeout)
+        server.bound(self.limits.max_connections,
+                     SERVICE_FD_RESERVE + SERVICE_FD_PER_JOB * self.graders.jobs)
         server.add_sockets(sockets)
         self._loop = asyncio.get_running_loop()
         self.graders.start()
@@ -341,7 +450,8 @@ class Service:
                "printed for you.")
         print(f"Serving {self.course.root} at http://{address[0]}:{address[1]}"
               f"{self.signin.prefix} (database {self.db}; {self.graders.jobs} grader(s) on "
-              f"{self.graders.runner.describe()}). {how}",
+              f"{self.graders.runner.describe()}; at most {server.cap()} connections, "
+              f"{open_files} open files). {how}",
               flush=True)
         stopped = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -352,6 +462,74 @@ class Service:
         await loop.run_in_executor(None, self.graders.stop)
         print("Stopped; anything not graded yet is graded at the next start.", flush=True)
         return 0
+
+
+class BoundedServer(HTTPServer):
+    """Tornado's HTTP server with a cap on connections, so that a client that opens many
+    and sends nothing cannot take the open files the database and the graders need.
+
+    The cap is the smaller of ``max_connections`` and the open-files limit less
+    ``reserve``. A connection past it closes the oldest connection still waiting for its
+    request's headers (a client that never finishes them, or one idle between requests);
+    when every connection is busy with a request, the new one gets a bare 503 and is closed
+    at once."""
+
+    def bound(self, max_connections: int, reserve: int) -> None:
+        self._max_connections, self._reserve = max_connections, reserve
+        self._awaiting: Dict[object, float] = {}  # connection -> since when it awaits headers
+        self._dropped: set = set()
+
+    def cap(self) -> int:
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        room = self._max_connections if soft == resource.RLIM_INFINITY else soft - self._reserve
+        return max(1, min(self._max_connections, room))
+
+    def handle_stream(self, stream, address) -> None:
+        if len(self._connections) - len(self._dropped) >= self.cap():
+            idle = min(self._awaiting, key=self._awaiting.get, default=None)
+            if idle is None:
+                try:
+                    stream.socket.send(b"HTTP/1.1 503 Service Unavailable\r\nConnection: close"
+                                       b"\r\nContent-Length: 0\r\n\r\n")
+                except OSError:
+                    pass
+                stream.close()
+                return
+            del self._awaiting[idle]
+            self._dropped.add(idle)
+            idle.stream.close()  # its descriptor is free now; on_close forgets it
+        super().handle_stream(stream, address)
+
+    def start_request(self, server_conn, request_conn):
+        self._awaiting[server_conn] = time.monotonic()
+        delegate = super().start_request(server_conn, request_conn)
+        return _HeadersSeen(delegate, lambda: self._awaiting.pop(server_conn, None))
+
+    def on_close(self, server_conn) -> None:
+        self._awaiting.pop(server_conn, None)
+        self._dropped.discard(server_conn)
+        super().on_close(server_conn)
+
+
+class _HeadersSeen(httputil.HTTPMessageDelegate):
+    """A request's delegate that says when the request's headers have come."""
+
+    def __init__(self, delegate, seen):
+        self.delegate, self.seen = delegate, seen
+
+    def headers_received(self, start_line, headers):
+        self.seen()
+        return self.delegate.headers_received(start_line, headers)
+
+    def data_received(self, chunk):
+        return self.delegate.data_received(chunk)
+
+    def finish(self) -> None:
+        self.delegate.finish()
+
+    def on_connection_close(self) -> None:
+        self.seen()
+        self.delegate.on_connection_close()
 
 
 __all__ = ["Service", "ConfigError"]

@@ -9,6 +9,9 @@
 
     attempts_per_hour = 10          # uploads per learner and assignment in any hour
     counts = "last"                 # which attempt counts: "last" or "best"
+    keep_files = 5                  # a learner's last attempts whose notebooks (upload,
+                                    # executed copy) are kept; older ones' are removed,
+                                    # their scores and feedback kept, the counted one never
 
     [assignments.demo]
     deadline = 2026-12-01T17:00:00Z # a TOML date-time with its offset
@@ -35,7 +38,8 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from .options import SERVICE_ATTEMPTS_PER_HOUR, SERVICE_COUNTS, SERVICE_LATE
+from .options import (SERVICE_ATTEMPTS_PER_HOUR, SERVICE_COUNTS, SERVICE_KEEP_FILES,
+                      SERVICE_LATE)
 
 ROSTER, RULES = "roster.toml", "service.toml"
 LEARNER, INSTRUCTOR = "learner", "instructor"
@@ -108,6 +112,7 @@ class Rules:
     deadline: Optional[datetime] = None
     late: str = SERVICE_LATE
     penalty_per_day: float = 0.0
+    keep_files: int = SERVICE_KEEP_FILES  # a learner's last attempts whose notebooks are kept
 
     def days_late(self, when: datetime) -> int:
         """Whole days (a part counts as one) past the deadline; 0 if on time."""
@@ -122,7 +127,7 @@ class Rules:
         return round(min(score, score * self.penalty_per_day * days_late), 6)
 
 
-KEYS = {"attempts_per_hour", "counts", "deadline", "late", "penalty_per_day"}
+KEYS = {"attempts_per_hour", "counts", "deadline", "late", "penalty_per_day", "keep_files"}
 
 
 def _rules(path: Path, where: str, data: dict, base: Rules) -> Rules:
@@ -136,6 +141,10 @@ def _rules(path: Path, where: str, data: dict, base: Rules) -> Rules:
     if not isinstance(attempts, int) or isinstance(attempts, bool) or attempts < 1:
         raise ConfigError(f"{path}: {where}: attempts_per_hour must be a whole number of 1 "
                           f"or more, got {attempts!r}")
+    keep = values["keep_files"]
+    if not isinstance(keep, int) or isinstance(keep, bool) or keep < 1:
+        raise ConfigError(f"{path}: {where}: keep_files must be a whole number of 1 or more "
+                          f"(the attempt that counts is kept besides), got {keep!r}")
     if values["counts"] not in COUNTS:
         raise ConfigError(f"{path}: {where}: counts must be one of {COUNTS}, "
                           f"got {values['counts']!r}")
@@ -155,7 +164,7 @@ def _rules(path: Path, where: str, data: dict, base: Rules) -> Rules:
     if values["late"] == "penalty" and deadline is None and "late" in data:
         raise ConfigError(f"{path}: {where}: late = \"penalty\" needs a deadline")
     return Rules(attempts_per_hour=attempts, counts=values["counts"], deadline=deadline,
-                 late=values["late"], penalty_per_day=float(penalty))
+                 late=values["late"], penalty_per_day=float(penalty), keep_files=keep)
 
 
 def read_rules(course: Path, assignments: List[str]) -> Tuple[Rules, Dict[str, Rules]]:

@@ -354,10 +354,30 @@ class Store:
         with self._db() as db:
             return self._queue(db)[0]
 
-    def claim_next(self) -> Optional[Row]:
-        """Take the next row in fair order for grading, or None when nothing is queued."""
+    def ids_of(self, student: str) -> List[Tuple[int]]:
+        """The ids of one learner's uploads."""
+        with self._db() as db:
+            return db.execute("SELECT id FROM submissions WHERE student = ?",
+                              (student,)).fetchall()
+
+    def states(self) -> List[Tuple[str, float]]:
+        """(state, created) of every upload not done: what the health check counts."""
+        with self._db() as db:
+            return db.execute("SELECT state, created FROM submissions WHERE state != ?",
+                              (DONE,)).fetchall()
+
+    def claim_next(self, per_learner: Optional[int] = None) -> Optional[Row]:
+        """Take the next row in fair order for grading, or None when nothing is queued;
+        with ``per_learner``, none of a learner who has that many being graded already."""
         with self._write() as db:
             order, sequence = self._queue(db)
+            if per_learner is not None and order:
+                busy = {student for student, count in db.execute(
+                    "SELECT student, COUNT(*) FROM submissions WHERE state = ? GROUP BY "
+                    "student", (GRADING,)) if count >= per_learner}
+                owner = dict(db.execute("SELECT id, student FROM submissions WHERE state = ?",
+                                        (QUEUED,)).fetchall())
+                order = [i for i in order if owner[i] not in busy]
             if not order:
                 return None
             db.execute("UPDATE submissions SET state = ?, claim_seq = ?, started = ? "
@@ -369,6 +389,12 @@ class Store:
         with self._write() as db:
             return db.execute("UPDATE submissions SET state = ? WHERE state = ?",
                               (QUEUED, GRADING)).rowcount
+
+    def put_back(self, submission_id: int) -> bool:
+        """Queue a row being graded again (its grading could not be committed)."""
+        with self._write() as db:
+            return db.execute("UPDATE submissions SET state = ? WHERE id = ? AND state = ?",
+                              (QUEUED, submission_id, GRADING)).rowcount == 1
 
     def requeue(self, ids: Sequence[int]) -> int:
         """Queue finished rows again (a regrade)."""
@@ -389,9 +415,12 @@ class Store:
 
     def counted(self, student: str, assignment: str, notebook: str,
                 rule: str) -> Optional[Row]:
-        """The attempt that counts: the last one graded, or the best (latest of equals)."""
-        done = self.rows("WHERE student = ? AND assignment = ? AND notebook = ? AND state = ? "
-                         "AND status IS NOT NULL", (student, assignment, notebook, DONE))
+        """The attempt that counts: the last one graded, or the best (latest of equals).
+
+        A row queued again (a regrade) keeps its last result until the new one is
+        committed, and counts with it meanwhile."""
+        done = self.rows("WHERE student = ? AND assignment = ? AND notebook = ? AND "
+                         "gradings > 0 AND status IS NOT NULL", (student, assignment, notebook))
         if not done:
             return None
         if rule == "best":

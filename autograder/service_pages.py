@@ -15,13 +15,20 @@ from __future__ import annotations
 import base64
 import hashlib
 import re
+import sqlite3
+import tempfile
+import time
 from html import escape
 from pathlib import Path
 from typing import List, Optional
 
 import tornado.web
+from tornado import httputil
+from tornado.escape import url_escape
+from tornado.ioloop import IOLoop
 
-from .options import SERVICE_LONG_POLL, SERVICE_REFRESH
+from .layout import MAX_NOTEBOOK_BYTES, too_big
+from .options import SERVICE_FORM_OVERHEAD, SERVICE_LONG_POLL, SERVICE_REFRESH
 from .service_auth import Refused, bearer
 from .service_db import DONE, GRADING, QUEUED, when
 from .submit import mark as test_mark, test_points
@@ -231,7 +238,12 @@ class Home(Base):
                     f"{rule.penalty_per_day:.0%} of the points off per day")
             rules.append([escape(name), escape(deadline), escape(late),
                           str(rule.attempts_per_hour), escape(rule.counts)])
-        form = (f'<form method=post action="{self.url("submit")}" '
+        # the XSRF token in the address too: the upload's body is read only after the
+        # checks, so a token only inside it would come too late
+        token = self.xsrf_token.decode() if isinstance(self.xsrf_token, bytes) \
+            else self.xsrf_token
+        action = escape(f"{self.url('submit')}?_xsrf={url_escape(token)}")
+        form = (f'<form method=post action="{action}" '
                 'enctype="multipart/form-data">'
                 f'{self.xsrf_form_html()}<label>Assignment <select name=assignment>{options}'
                 '</select></label> <input type=file name=notebook accept=".ipynb" required> '
@@ -252,24 +264,144 @@ class Home(Base):
         self.finish(page("Hand in and get feedback", body))
 
 
+UPLOAD_BODY = MAX_NOTEBOOK_BYTES + SERVICE_FORM_OVERHEAD  # the largest upload body read
+DRAIN = 2 ** 40  # bytes of an over-size upload read and dropped, so its sender sees why
+
+
+def read_form(spool, content_type: str):
+    """The fields and files of a multipart body spooled to ``spool`` (off the event loop)."""
+    spool.seek(0)
+    body = spool.read()
+    arguments: dict = {}
+    files: dict = {}
+    httputil.parse_body_arguments(content_type, body, arguments, files)
+    return arguments, files
+
+
+@tornado.web.stream_request_body
 class Submit(Base):
-    def post(self) -> None:
-        files = self.request.files.get("notebook") or []
-        if len(files) != 1:
-            return self.refuse(400, "Choose one notebook file to hand in.")
-        upload = files[0]
+    """``POST /submit``. The body is read only from someone signed in (``prepare`` asks
+    first, and Tornado has checked the XSRF token of a browser's form), up to the upload
+    limit, into a file of its own; a body declared larger is refused at once (before it is
+    sent, for a client that asks ``Expect: 100-continue``, as ``submit`` does; other clients
+    send it and it is dropped, so they still read why). The form is parsed and the notebook
+    checked in the service's upload threads, never on the event loop."""
+
+    spool = None
+    refusal = None
+    received = 0
+
+    async def prepare(self) -> None:
         try:
-            row = self.service.accept(self.person, self.get_body_argument("assignment", ""),
-                                      upload.filename, upload.body)
+            await super().prepare()
+        except sqlite3.Error as error:  # who is asking cannot be known just now
+            return self.refuse(503, _unavailable(error))
+        if self._finished:
+            return
+        try:
+            declared = int(self.request.headers.get("Content-Length") or 0)
+        except ValueError:
+            declared = 0  # (Tornado has refused it already)
+        if declared > UPLOAD_BODY:
+            self.refusal = (413, too_big(declared))
+        assignment = self.get_query_argument("assignment", "")
+        if self.refusal is None and assignment in self.service.sources:
+            try:  # `submit` names it in the address too: the hour's limit before the body
+                self.service.check_hour(self.person, assignment, time.time())
+            except ValueError as error:
+                message, code = error.args
+                self.refusal = (code, message)
+        if self.refusal is not None and \
+                self.request.headers.get("Expect", "").lower() == "100-continue":
+            return self.refuse(*self.refusal)  # it waits for this before sending
+        self.request.connection.set_max_body_size(DRAIN)
+        if self.refusal is None:
+            incoming = self.service.files / "incoming"
+            try:
+                incoming.mkdir(parents=True, exist_ok=True)
+                self.spool = tempfile.TemporaryFile(dir=incoming)
+            except OSError as error:
+                self.refusal = (507, _no_room(error))
+
+    def data_received(self, chunk: bytes) -> None:
+        self.received += len(chunk)
+        if self.refusal is None and self.received > UPLOAD_BODY:
+            self.refusal = (413, too_big(self.received))
+            self._drop()
+        if self.refusal is not None:
+            return  # dropped: read only so that the sender reads the refusal
+        try:
+            self.spool.write(chunk)
+        except OSError as error:
+            self.refusal = (507, _no_room(error))
+            self._drop()
+
+    def _drop(self) -> None:
+        if self.spool is not None:
+            spool, self.spool = self.spool, None
+            spool.close()
+
+    def on_finish(self) -> None:
+        self._drop()
+
+    def on_connection_close(self) -> None:
+        self._drop()
+        super().on_connection_close()
+
+    async def post(self) -> None:
+        if self.refusal is not None:
+            return self.refuse(*self.refusal)
+        pool = self.service.upload_pool
+        try:
+            fields, files = await IOLoop.current().run_in_executor(
+                pool, read_form, self.spool, self.request.headers.get("Content-Type", ""))
+        except (httputil.HTTPInputError, ValueError, OSError):
+            return self.refuse(400, "The upload is not a form with a notebook file: send it "
+                                    "from the service's page or with `python -m autograder "
+                                    "submit`.")
+        finally:
+            self._drop()
+        notebooks = files.get("notebook") or []
+        if len(notebooks) != 1:
+            return self.refuse(400, "Choose one notebook file to hand in.")
+        upload = notebooks[0]
+        assignment = (fields.get("assignment") or [b""])[0].decode("utf-8", "replace").strip()
+        try:
+            row = await IOLoop.current().run_in_executor(
+                pool, self.service.accept, self.person, assignment, upload.filename,
+                upload.body)
         except ValueError as error:
             message, code = error.args if len(error.args) == 2 else (str(error), 400)
             return self.refuse(code, message)
+        except (sqlite3.Error, OSError) as error:  # nothing was acknowledged
+            return self.refuse(503, _unavailable(error))
         if self.wants_json():
             self.set_status(201)
             return self.finish({"id": row.key, "attempt": row.attempt,
                                 "assignment": row.assignment,
                                 "url": self.url(f"submissions/{row.key}")})
         self.redirect(self.url(f"submissions/{row.key}"), status=303)
+
+
+def _unavailable(error: Exception) -> str:
+    return (f"the service cannot take uploads just now ({type(error).__name__}: {error}); "
+            "try again in a minute")
+
+
+def _no_room(error: OSError) -> str:
+    return (f"the service could not store the upload ({error.strerror or error}); try again "
+            "later")
+
+
+class Health(tornado.web.RequestHandler):
+    """``GET /health``: whether the graders run and the queue moves, for a monitor. Open to
+    anyone: it names no one and no upload."""
+
+    def get(self) -> None:
+        code, data = self.settings["service"].health()
+        self.set_status(code)
+        self.set_header("Cache-Control", "no-store")
+        self.finish(data)
 
 
 def feedback_html(data: dict, prefix: str = "/") -> str:

@@ -12,10 +12,14 @@ library only (urllib), so it runs wherever the learner's notebook does.
 """
 from __future__ import annotations
 
+import http.client
 import json
 import secrets
+import select
+import socket
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Optional, Tuple
@@ -23,8 +27,65 @@ from typing import Optional, Tuple
 from .options import SERVICE_HTTP_TIMEOUT, SERVICE_LONG_POLL, SERVICE_POLL
 
 
+CONTINUE_WAIT = 3.0  # seconds to wait for "100 Continue" before sending the body anyway
+
+
 class SubmitError(Exception):
     """The service refused the upload, or could not be reached."""
+
+
+def _refusal(code: int, reason: str, body: bytes) -> SubmitError:
+    try:
+        message = json.loads(body).get("error", "")
+    except (ValueError, AttributeError):
+        message = ""
+    return SubmitError(f"{code}: {message or reason}")
+
+
+def _interim(sock: socket.socket) -> bool:
+    """Whether the service's first answer waiting on ``sock`` is ``100 Continue`` (then read
+    and dropped); False when it is the final answer (a refusal, left to be read)."""
+    head = b""
+    while b"\r\n\r\n" not in head and len(head) < 65536:
+        peeked = sock.recv(65536, socket.MSG_PEEK)
+        if not peeked or len(peeked) == len(head):
+            break
+        head = peeked
+    if not head.split(b" ", 2)[1:2] == [b"100"]:
+        return False
+    sock.recv(head.index(b"\r\n\r\n") + 4)
+    return True
+
+
+def _post(url: str, token: str, body: bytes, content_type: str) -> dict:
+    """POST ``body`` with ``Expect: 100-continue``: a refusal (too big, not signed in)
+    comes before the body is sent, and is read whatever the body's size."""
+    parts = urllib.parse.urlsplit(url)
+    kind = http.client.HTTPSConnection if parts.scheme == "https" else \
+        http.client.HTTPConnection
+    connection = kind(parts.hostname, parts.port, timeout=SERVICE_HTTP_TIMEOUT)
+    try:
+        connection.putrequest("POST", parts.path + (f"?{parts.query}" if parts.query else ""))
+        for name, value in (("Authorization", f"Bearer {token}"),
+                            ("Accept", "application/json"), ("Content-Type", content_type),
+                            ("Content-Length", str(len(body))), ("Expect", "100-continue")):
+            connection.putheader(name, value)
+        connection.endheaders()
+        sock = connection.sock
+        if not select.select([sock], [], [], CONTINUE_WAIT)[0] or _interim(sock):
+            try:
+                connection.send(body)
+            except OSError:  # refused while sending: its answer may still be there
+                pass
+        response = connection.getresponse()
+        data = response.read()
+        if response.status >= 400:
+            raise _refusal(response.status, response.reason, data)
+        return json.loads(data)
+    except (OSError, http.client.HTTPException) as error:
+        raise SubmitError(f"cannot reach {url}: {error}") from None
+    finally:
+        connection.close()
 
 
 def _request(url: str, token: str, data: Optional[bytes] = None,
@@ -38,11 +99,7 @@ def _request(url: str, token: str, data: Optional[bytes] = None,
         with urllib.request.urlopen(request, timeout=SERVICE_HTTP_TIMEOUT) as response:
             return json.loads(response.read())
     except urllib.error.HTTPError as error:
-        try:
-            message = json.loads(error.read()).get("error", "")
-        except ValueError:
-            message = ""
-        raise SubmitError(f"{error.code}: {message or error.reason}") from None
+        raise _refusal(error.code, error.reason, error.read()) from None
     except urllib.error.URLError as error:
         raise SubmitError(f"cannot reach {url}: {error.reason}") from None
 
@@ -64,7 +121,8 @@ def multipart(fields: dict, name: str, filename: str, body: bytes) -> Tuple[byte
 def upload(notebook: Path, base: str, token: str, assignment: str = "") -> dict:
     body, content_type = multipart({"assignment": assignment}, "notebook",
                                    Path(notebook).name, Path(notebook).read_bytes())
-    return _request(base.rstrip("/") + "/submit", token, body, content_type)
+    query = f"?assignment={urllib.parse.quote(assignment)}" if assignment else ""
+    return _post(base.rstrip("/") + "/submit" + query, token, body, content_type)
 
 
 def wait(base: str, token: str, submission_id: str, timeout: float,

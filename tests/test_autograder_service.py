@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import html
 import http.cookiejar
 import io
 import json
@@ -421,8 +422,9 @@ def test_a_learner_hands_in_through_the_html_form(service):
                        "    return sum(values) / len(values)")
     body, kind = multipart({"_xsrf": xsrf, "assignment": "demo"}, "notebook", "demo.ipynb",
                            nbformat.writes(nb).encode())
-    post = urllib.request.Request(f"{server.url}/submit", data=body,
-                                  headers={"Content-Type": kind})
+    action = re.search(r'<form method=post action="([^"]+)" enctype', home).group(1)
+    post = urllib.request.Request(server.url + html.unescape(action), data=body,
+                                  headers={"Content-Type": kind})  # as a browser sends it
     with browser.open(post, timeout=60) as page:  # 303 to the upload's own page
         where = page.url
         first = page.read().decode()

@@ -73,12 +73,12 @@ def hand_in(chromium: Chromium, path: Path, assignment: str = "demo") -> str:
                       f" s.value = {assignment!r}; return s.value; }})()")
     root = chromium.call("DOM.getDocument")["root"]["nodeId"]
     node = chromium.call("DOM.querySelector", nodeId=root,
-                         selector='form[action$="/submit"] input[type=file]')["nodeId"]
+                         selector='form[action*="/submit?"] input[type=file]')["nodeId"]
     assert node, "no file input on the page"
     chromium.call("DOM.setFileInputFiles", files=[str(path)], nodeId=node)
     assert chromium.evaluate("document.querySelector('input[type=file]').files[0].name") \
         == path.name
-    chromium.evaluate("document.querySelector('form[action$=\"/submit\"] button').click()")
+    chromium.evaluate("document.querySelector('form[action*=\"/submit?\"] button').click()")
     poll(chromium, f"location.href !== {before!r} && document.readyState === 'complete'")
     return chromium.evaluate("document.body.innerText")
 

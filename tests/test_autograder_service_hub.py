@@ -20,6 +20,7 @@ started by the hub at sign-in (:mod:`tests.hub_server`, a stand-in for Jupyter's
 from __future__ import annotations
 
 import csv
+import html
 import http.cookiejar
 import io
 import json
@@ -271,7 +272,8 @@ def test_other_learners_and_instructors_through_the_hub(hub):
     before = len(list(uploads.iterdir())) if uploads.is_dir() else 0
     body, kind = multipart({"_xsrf": grace.xsrf(home), "assignment": "demo"}, "notebook",
                            "demo.ipynb", nb)
-    status, url, page = grace.open(PREFIX + "submit", body, {"Content-Type": kind})
+    action = re.search(r'<form method=post action="([^"]+)" enctype', home).group(1)
+    status, url, page = grace.open(html.unescape(action), body, {"Content-Type": kind})
     assert status == 200 and re.fullmatch(rf"{hub.url}{PREFIX}submissions/[\w-]{{22}}", url), \
         (status, url, page[-1500:])
     assert len(list(uploads.iterdir())) == before + 1
