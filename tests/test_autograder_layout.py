@@ -6,7 +6,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograder.layout import Course, SourceNotebook, find_submissions, read_submission
+from autograder.layout import (MAX_NOTEBOOK_BYTES, Course, SourceNotebook, find_submissions,
+                              mebibytes, read_submission)
 from tests.autograder_fixtures.submissions import COURSE, RELEASE, SOURCE, released, write
 
 
@@ -174,19 +175,24 @@ def test_a_renamed_file_without_the_assignments_cells_stands_for_nothing(tmp_pat
     assert not found["demo"].path.exists() and found["demo"].note == ""
 
 
-@pytest.mark.parametrize("size, says", [
-    (20 * 2**20 + 1, "the notebook is 20.1 MiB; the limit is 20 MiB"),
-    (int(20.4 * 2**20), "the notebook is 20.4 MiB; the limit is 20 MiB"),
-    (25 * 2**20, "the notebook is 25.0 MiB; the limit is 20 MiB"),
+@pytest.mark.parametrize("size, shown", [
+    (20 * 2**20 + 1, "20.1"),             # over the limit: never reads as the limit
+    (20 * 2**20 + 2**20 // 20, "20.1"),
+    (int(20.4 * 2**20), "20.4"),
+    (int(20.40 * 2**20) + 1, "20.4"),     # 20.40 MiB and a byte: the nearest tenth, not 20.5
+    (int(20.45 * 2**20) + 1, "20.5"),
+    (25 * 2**20, "25.0"),
 ])
-def test_a_size_refusal_gives_the_size_with_one_decimal_never_the_limit(tmp_path, size, says):
+def test_a_size_refusal_gives_the_size_with_one_decimal_never_the_limit(tmp_path, size, shown):
     from autograder.layout import submitted_bytes
     big = tmp_path / "big.ipynb"
     with big.open("wb") as handle:
         handle.truncate(size)  # sparse: no disk used
     with pytest.raises(ValueError) as refused:
         submitted_bytes(big)
+    says = f"the notebook is {shown} MiB; the limit is 20 MiB"
     assert says in str(refused.value), refused.value
+    assert mebibytes(size, MAX_NOTEBOOK_BYTES) == shown  # the service's refusal says it too
 
 
 def test_counts_have_their_nouns_in_the_right_number():

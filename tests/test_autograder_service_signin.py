@@ -17,6 +17,7 @@ import base64
 import email.utils
 import hashlib
 import http.client
+import html
 import json
 import re
 import secrets
@@ -29,7 +30,6 @@ import nbformat
 import pytest
 
 from autograder.cli import parser
-from autograder.layout import MAX_NOTEBOOK_BYTES, mebibytes
 from autograder.service_db import Store
 from autograder.submit import multipart
 from tests.autograder_fixtures.submissions import answered, write
@@ -335,32 +335,15 @@ def test_a_refusal_names_the_learners_file_as_it_is(service):
     browser.sign_in(people["mary"])
     _, _, home = browser.get("/")
     xsrf = re.search(r'name="_xsrf" value="([^"]+)"', home).group(1)
+    action = html.unescape(re.search(r'<form method=post action="([^"]+)" enctype', home).group(1))
     for name, data, says in (
             ("demo.ipynb", b"{not json", "demo.ipynb: the file is not a Jupyter notebook"),
             ("myNotes.ipynb", b"{}", "myNotes.ipynb: the file is JSON but not a Jupyter"),
             ("demo.ipynb", b"", "The upload is empty")):
         body, kind = multipart({"_xsrf": xsrf, "assignment": "demo"}, "notebook", name, data)
-        status, _, page = browser.send("POST", "/submit", body=body,
-                                       headers={"Content-Type": kind})
+        status, _, page = browser.send("POST", "/" + action.lstrip("/"), body=body,
+                                       headers={"Content-Type": kind})  # the page's own form
         assert status in (400, 415) and says in page, (name, status, page)
-
-
-@pytest.mark.parametrize("size, shown", [
-    (int(20.40 * 2**20) + 1, "20.4"),   # 20.40 MiB and a byte: not 20.5
-    (int(20.45 * 2**20) + 1, "20.5"),
-    (20 * 2**20 + 1, "20.1"),            # over the limit: never reads as the limit
-    (20 * 2**20 + 2**20 // 20, "20.1"),
-    (25 * 2**20, "25.0"),
-])
-def test_a_size_over_the_limit_is_shown_to_the_nearest_tenth_of_a_mib(tmp_path, size, shown):
-    from autograder.layout import submitted_bytes
-    big = tmp_path / "big.ipynb"
-    with big.open("wb") as handle:
-        handle.truncate(size)  # sparse: no disk used
-    with pytest.raises(ValueError) as refused:
-        submitted_bytes(big)
-    assert f"the notebook is {shown} MiB; the limit is 20 MiB" in str(refused.value)
-    assert mebibytes(size, MAX_NOTEBOOK_BYTES) == shown  # the service's refusal says it too
 
 
 def test_the_readme_says_what_is_made(tmp_path):
