@@ -57,8 +57,9 @@ from .service_config import ConfigError, Person, ServiceConfig  # noqa: F401 (Co
 from .service_db import DONE, GRADING, QUEUED, Row, Store, when
 
 HOUR = 3600.0
-# query parameters that carry a secret: the sign-in link's token, an OAuth callback's code
-SECRET_PARAMETER = re.compile(r"(?<=[?&;])(token|code)=[^&;\s]*", re.IGNORECASE)
+# query parameters that carry a secret: the sign-in link's token, an OAuth callback's code,
+# and the upload form's XSRF token (in its address, since the body is read after the checks)
+SECRET_PARAMETER = re.compile(r"(?<=[?&;])(token|code|_xsrf)=[^&;\s]*", re.IGNORECASE)
 
 
 def redact(text: str) -> str:

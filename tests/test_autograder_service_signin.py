@@ -417,3 +417,13 @@ def test_pages_on_a_hub_carry_the_same_headers():
             "Content-Security-Policy"].replace(" https://hub.example.org", "")}, page.__name__)
         assert "form-action 'self' https://hub.example.org;" in \
             headers["Content-Security-Policy"]
+
+
+def test_the_log_cuts_every_secret_of_an_address():
+    from autograder.service_app import redact
+    assert redact("POST /submit?_xsrf=2|ab|cd|17&assignment=demo") == \
+        "POST /submit?_xsrf=[redacted]&assignment=demo"
+    assert redact("GET /signin?token=-abc_DEF") == "GET /signin?token=[redacted]"
+    assert redact("GET /oauth_callback?code=xyz&state=s") == \
+        "GET /oauth_callback?code=[redacted]&state=s"
+    assert redact("GET /submissions/abc?wait=5") == "GET /submissions/abc?wait=5"
