@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Tuple
 
 import pytest
 
@@ -46,20 +47,31 @@ def stop(process: subprocess.Popen) -> None:
             continue
 
 
+def scheduler(folder: Path) -> Tuple[subprocess.Popen, str]:
+    """A ``dask scheduler`` on loopback, its file and log in ``folder``, and its address once
+    it has written it (stopped again if it does not within a minute)."""
+    file = folder / "scheduler.json"
+    process = dask("scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
+                   "--scheduler-file", file, log=folder / "scheduler.log")
+    try:
+        deadline = time.monotonic() + 60
+        while not file.exists() or not file.read_text().strip():
+            assert time.monotonic() < deadline, (folder / "scheduler.log").read_text()
+            time.sleep(0.2)
+        return process, json.loads(file.read_text())["address"]
+    except BaseException:
+        stop(process)
+        raise
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     distributed = pytest.importorskip("distributed")
     base = tmp_path_factory.mktemp("dask")
-    file = base / "scheduler.json"
-    processes = [dask("scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
-                      "--scheduler-file", file, log=base / "scheduler.log")]
+    process, address = scheduler(base)
+    processes = [process]
     client = None
     try:
-        deadline = time.monotonic() + 60
-        while not file.exists() or not file.read_text().strip():
-            assert time.monotonic() < deadline, (base / "scheduler.log").read_text()
-            time.sleep(0.2)
-        address = json.loads(file.read_text())["address"]
         for n in (1, 2):
             processes.append(dask("worker", address, "--nthreads", "1", "--host", "127.0.0.1",
                                   "--no-dashboard", "--name", f"w{n}",

@@ -329,18 +329,12 @@ def test_serve_shows_no_secret(tmp_path):
 def test_dask_workers_show_no_secret(tmp_path, monkeypatch, request):
     """Workers started from a shell that holds the secret grade without passing it on."""
     pytest.importorskip("distributed")
-    from tests.dask_cluster import CLUSTER_ENV, dask, stop
+    from tests.dask_cluster import CLUSTER_ENV, dask, scheduler, stop
     for name, value in GRADER_ENV.items():
         monkeypatch.setenv(name, value)  # the workers' environment, as started below
-    file = tmp_path / "scheduler.json"
-    processes = [dask("scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
-                      "--scheduler-file", file, log=tmp_path / "scheduler.log")]
+    process, address = scheduler(tmp_path)
+    processes = [process]
     try:
-        deadline = time.monotonic() + 60
-        while not file.exists() or not file.read_text().strip():
-            assert time.monotonic() < deadline, (tmp_path / "scheduler.log").read_text()
-            time.sleep(0.2)
-        address = json.loads(file.read_text())["address"]
         processes.append(dask("worker", address, "--nthreads", "1", "--host", "127.0.0.1",
                               "--no-dashboard", log=tmp_path / "worker.log"))
         submitted, out = tmp_path / "submitted", tmp_path / "out"
