@@ -47,9 +47,13 @@ def merge_runs(recorded: List[Dict[str, Any]], new: List[Dict[str, Any]]) -> Lis
     return sorted(merged.values(), key=lambda r: (r["page"], r.get("hardware") or "", r.get("ran_at") or ""))
 
 
+# How dlperf.environment_line names a machine with GPUs: "1 GPU: <name> (cuda:0)", "2 GPUs: ...".
+ON_GPUS = re.compile(r"^\d+ GPUs?: ")
+
+
 def gpu_runs(runs: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    """The runs whose page said it ran on GPUs (``dlperf.environment_line``: ``"<n> GPU(s): ..."``)."""
-    return [run for run in runs if run.get("succeeded") and "GPU(s):" in (run.get("hardware") or "")]
+    """The runs whose page said it ran on GPUs (``dlperf.environment_line``)."""
+    return [run for run in runs if run.get("succeeded") and ON_GPUS.match(run.get("hardware") or "")]
 
 
 def record(gpu_runs_file: Path = GPU_RUNS, echo=print) -> int:

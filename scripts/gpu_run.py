@@ -5,8 +5,9 @@ Such a machine has Python 3.12 with PyTorch, no network and a few minutes for us
 installs the kit that ``make gpu-kit`` made (``pip install --no-index --no-deps --target``),
 then runs, each step timed and logged, with what is left of the time budget:
 
-1. ``pytest -m gpu``: every GPU-marked test;
-2. every chapter, executed with papermill in the chosen profile (``full`` by default);
+1. every chapter, executed with papermill in the chosen profile (``full`` by default);
+2. ``pytest -m gpu``: every GPU-marked test; the tests of a page's GPU run read the notebook
+   step 1 executed (``DLPERF_EXECUTED_CHAPTERS``) rather than run the page a second time;
 3. every assignment's solution, unedited release and wrong submissions
    (``tests/wrong_submissions``) graded by ``python -m autograder grade`` on the GPU, each score
    compared with the points that case must lose there;
@@ -43,8 +44,9 @@ KIT = ROOT / "_build" / "gpu-kit"
 BUDGET = 540.0
 # Time kept back for the steps after the chapters, which take minutes where chapters can take all.
 GRADING_RESERVE = 150.0
+TESTS_RESERVE = 120.0  # the GPU tests, without the pages (seen on an H100: about 2 minutes)
 FILE_LIMIT = 16 * 2**20
-STEPS = ("tests", "chapters", "grading")  # the status records come with the chapters
+STEPS = ("chapters", "tests", "grading")  # the status records come with the chapters
 
 
 class Run:
@@ -117,12 +119,14 @@ def environment(site: Path, **extra) -> dict:
     return env
 
 
-def gpu_tests(run: Run, site: Path) -> dict:
+def gpu_tests(run: Run, site: Path, executed: Path | None) -> dict:
+    """``pytest -m gpu``; with ``executed``, the pages' GPU tests read the chapters from there."""
     started, report = time.monotonic(), run.out / "pytest-gpu.xml"
+    extra = {"DLPERF_EXECUTED_CHAPTERS": str(executed)} if executed else {}
     code, output = run.command([sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p",
                                 "no:cacheprovider", "-W", "ignore", f"--junitxml={report}",
-                                "tests"], timeout=min(240, run.left() - GRADING_RESERVE),
-                               env=environment(site))
+                                "tests"], timeout=min(300, run.left() - GRADING_RESERVE),
+                               env=environment(site, **extra))
     counts = junit_counts(report)
     if code is None:
         outcome = "out of time"
@@ -167,9 +171,19 @@ def chapter_notebook(run: Run, page: str, source: Path, notebooks: Path | None, 
     return 0
 
 
+def printed(notebook: Path) -> str:
+    """What an executed notebook's cells printed (not its JSON, whose escapes a line would
+    swallow)."""
+    import nbformat
+    cells = nbformat.read(notebook, as_version=4).cells
+    return "\n".join(out.get("text", "") for cell in cells for out in cell.get("outputs", [])
+                     if out.get("output_type") == "stream")
+
+
 def run_chapters(run: Run, site: Path, profile: str, hardware: dict,
-                 notebooks: Path | None = None) -> tuple:
-    """Execute every chapter; (the step's record, the runs for the status page).
+                 notebooks: Path | None = None, reserve: float = GRADING_RESERVE) -> tuple:
+    """Execute every chapter, leaving ``reserve`` seconds for the steps after it; (the step's
+    record, the runs for the status page, the folder of executed notebooks ``<name>.ipynb``).
 
     Each page's ``.md`` is made a notebook with jupytext; with ``notebooks`` (a folder of the
     built book's published notebooks, ``_build/html/_sources/chapters``) those run instead:
@@ -178,16 +192,18 @@ def run_chapters(run: Run, site: Path, profile: str, hardware: dict,
 
     started, runs, results = time.monotonic(), [], []
     work = Path(tempfile.mkdtemp(prefix="gpu-run-chapters-"))
+    executed_folder = work / "executed"
+    executed_folder.mkdir()
     env = environment(site, DLPERF_PROFILE=profile)
     archive = zipfile.ZipFile(run.out / "chapters.zip", "w", zipfile.ZIP_DEFLATED)
     for page in chapters():
         name = page.split("/")[-1]
-        left = run.left() - GRADING_RESERVE
+        left = run.left() - reserve
         if left < 20:
             results.append({"page": page, "outcome": "not run: out of time"})
             run.say(f"{page}: not run, out of time")
             continue
-        source, executed = work / f"{name}.ipynb", work / f"{name}.executed.ipynb"
+        source, executed = work / f"{name}.ipynb", executed_folder / f"{name}.ipynb"
         code = chapter_notebook(run, page, source, notebooks, env)
         began, ran_at = time.monotonic(), datetime.now(timezone.utc).isoformat(timespec="seconds")
         if code == 0:
@@ -200,15 +216,14 @@ def run_chapters(run: Run, site: Path, profile: str, hardware: dict,
         run.say(f"{page}: {outcome} in {seconds} s")
         if executed.exists():
             archive.write(executed, f"{name}.ipynb")
-            text = executed.read_text()
             runs.append({"page": page, "title": title(page), "ran_at": ran_at,
-                         "seconds": seconds, "succeeded": code == 0, **environment_of(text),
-                         **hardware})
+                         "seconds": seconds, "succeeded": code == 0,
+                         **environment_of(printed(executed)), **hardware})
     archive.close()
     failed = [r["page"] for r in results if r["outcome"] != "passed"]
     record = run.step("chapters", "passed" if not failed else "failed", started, profile=profile,
                       chapters=results)
-    return record, runs
+    return record, runs, executed_folder
 
 
 def grade_assignments(run: Run, site: Path, device: str) -> dict:
@@ -336,12 +351,14 @@ def main(argv=None) -> int:
         run.say(f"PyTorch {torch.__version__} on {device}"
                 + (f" ({torch.cuda.get_device_name(0)}, driver {hardware.get('driver')})"
                    if device == "cuda" else ""))
-        if "tests" in steps_wanted:
-            steps.append(gpu_tests(run, args.site))
+        executed = None
         if "chapters" in steps_wanted:
-            chapter_step, runs = run_chapters(run, args.site, args.profile, hardware,
-                                              args.notebooks)
+            reserve = GRADING_RESERVE + (TESTS_RESERVE if "tests" in steps_wanted else 0)
+            chapter_step, runs, executed = run_chapters(run, args.site, args.profile, hardware,
+                                                        args.notebooks, reserve)
             steps.append(chapter_step)
+        if "tests" in steps_wanted:
+            steps.append(gpu_tests(run, args.site, executed))
         if "grading" in steps_wanted:
             steps.append(grade_assignments(run, args.site, device))
         if "chapters" in steps_wanted:

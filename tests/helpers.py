@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import nbformat
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -35,15 +36,25 @@ def page_text(nb: nbformat.NotebookNode) -> str:
     return "\n".join(parts)
 
 
+# dlperf.pages.glue's line without myst-nb: the name, a colon, the value as shown.
+_PRINTED_GLUE = re.compile(r"^([A-Za-z_]\w*): (.*)$", re.MULTILINE)
+
+
 def glued(nb: nbformat.NotebookNode, page: str = "") -> dict:
     """The values a page glued with ``myst_nb.glue``, as text/plain, by name.
 
     The book build moves glued values out of the notebook into
     ``_build/jupyter_execute/<page>.glue.json``; a notebook executed directly
     keeps them as outputs (under a prefixed MIME type when glued with
-    ``display=False``). Both are read.
+    ``display=False``). Where myst-nb is not installed (a plain Jupyter, the GPU kit),
+    ``dlperf.pages.glue`` prints ``name: value`` lines instead. All three are read; a value
+    myst-nb kept wins over a printed line of the same name.
     """
     values = {}
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "stream":
+                values.update(_PRINTED_GLUE.findall(out.get("text", "")))
     glue_file = EXECUTED / f"{page}.glue.json"
     if page and glue_file.exists():
         for name, output in json.loads(glue_file.read_text()).items():
@@ -73,10 +84,18 @@ def figures(nb: nbformat.NotebookNode) -> int:
 
 def execute_chapter(name: str, monkeypatch, timeout: int = 900) -> nbformat.NotebookNode:
     """Run ``chapters/<name>.md`` from top to bottom here (quick profile, synthetic data), as the
-    GPU tests do to exercise the branches a CPU-built book never takes."""
+    GPU tests do to exercise the branches a CPU-built book never takes. Under
+    ``scripts/gpu-run``, which has just executed every chapter on the GPU, the notebook it
+    wrote to ``$DLPERF_EXECUTED_CHAPTERS`` is read instead of running the page again."""
     import jupytext
     from nbclient import NotebookClient
 
+    executed = os.environ.get("DLPERF_EXECUTED_CHAPTERS")
+    if executed:  # scripts/gpu-run has just executed every chapter on this GPU: read it
+        path = Path(executed) / f"{name}.ipynb"
+        if not path.exists():
+            pytest.fail(f"{name} was not executed by this run ({path} is missing)")
+        return nbformat.read(path, as_version=4)
     monkeypatch.setenv("DLPERF_PROFILE", "quick")
     monkeypatch.setenv("DLPERF_DATA", "synthetic")
     nb = jupytext.read(ROOT / "chapters" / f"{name}.md")

@@ -222,10 +222,10 @@ def test_gpu_runs_file_is_valid_and_merging_replaces_the_same_machine():
     for run in recorded:
         assert {"page", "hardware", "profile", "torch", "seconds", "ran_at"} <= set(run), run
         assert (ROOT / f"{run['page']}.md").exists(), run["page"]
-    old = {"page": "chapters/hardware", "hardware": "1 GPU(s): H100", "profile": "full (GPU)",
+    old = {"page": "chapters/hardware", "hardware": "1 GPU: NVIDIA H100 80GB HBM3 (cuda:0)", "profile": "full (GPU)",
            "seconds": 9.0, "ran_at": "2026-01-01T00:00:00+00:00", "succeeded": True}
     new = {**old, "seconds": 8.0, "ran_at": "2026-02-01T00:00:00+00:00"}
-    other = {**old, "hardware": "2 GPU(s): A100"}
+    other = {**old, "hardware": "2 GPUs: NVIDIA A100-SXM4-80GB (cuda:0)"}
     assert status.merge_runs([old, other], [new]) == [new, other]  # sorted by page, then hardware
     assert status.gpu_runs([new, {**new, "hardware": "CPU: AMD EPYC"}]) == [new]
 

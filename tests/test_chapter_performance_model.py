@@ -4,6 +4,7 @@ The integration tests read the page as the book build executed it; the GPU test
 executes it on CUDA, where the datasheet comparison and CUDA events run.
 """
 import math
+import re
 
 import pytest
 import torch
@@ -34,7 +35,8 @@ def check_page(nb, values):
     bandwidth, peak = number(values, "bandwidth_gbs"), number(values, "peak_rate")
     assert bandwidth > 0 and peak > 0
     scale = 1e12 if values["unit_name"].strip("'") == "TFLOP/s" else 1e9
-    assert number(values, "ridge") == pytest.approx(peak * scale / (bandwidth * 1e9), rel=1e-6)
+    # 2e-3: without myst-nb the three are printed to 4 significant digits each
+    assert number(values, "ridge") == pytest.approx(peak * scale / (bandwidth * 1e9), rel=2e-3)
     # One roofline for the whole page, its ceilings measured by kernels it does not plot: the
     # triad for the bandwidth, a product larger than every plotted one for the compute peak.
     assert "roof_bandwidth_gbs" not in values and "roof_ridge" not in values
@@ -50,7 +52,7 @@ def check_page(nb, values):
     if values["small_cache_name"].strip("'") not in {"none", "too small"}:
         assert "does not bind" in values["small_cache_verdict"]
     assert number(values, "gelu_compiled_point_intensity") == pytest.approx(
-        9 * number(values, "gelu_eager_point_intensity"))
+        9 * number(values, "gelu_eager_point_intensity"), rel=1e-3)  # printed: 4 digits
     assert number(values, "large_intensity") > number(values, "small_intensity")
     # The timing section shows torch.utils.benchmark.Timer next to dlperf.time_it.
     assert "Timer, default (num_threads=1)" in text and "dlperf.time_it" in text
@@ -75,7 +77,7 @@ def test_page_runs_on_the_gpu(monkeypatch):
     nb = execute_chapter("performance-model", monkeypatch, timeout=900)
     values = glued(nb)
     text = check_page(nb, values)
-    assert "GPU(s)" in text
+    assert re.search(r"\d+ GPUs?: ", text)  # page_setup's line names the GPUs it found
     assert values["unit_name"].strip("'") == "TFLOP/s"
     assert values["timed_with"].strip("'") == "CUDA events"
     assert "bfloat16" in text or "float16" in text

@@ -94,8 +94,10 @@ def test_gpu_runs_are_recorded_for_the_status_page_and_cpu_runs_are_not(tmp_path
     out = tmp_path / "out"
     out.mkdir()
     run = gpu_run.Run(out, budget=60)
-    line = ("Run profile full (DLPERF_PROFILE unset and a GPU is present); PyTorch 2.11.0+cu130, "
-            "Python 3.12.3; 1 GPU(s): cuda:0 (NVIDIA H100 80GB HBM3)")
+    import dlperf  # the line a page prints on one GPU, made by the function pages call
+    monkeypatch.setattr(dlperf, "gpu_count", lambda: 1)
+    monkeypatch.setattr(dlperf, "describe", lambda device: "NVIDIA H100 80GB HBM3 (cuda:0)")
+    line = dlperf.environment_line(dlperf.run_profile())
     on_gpu = {"page": "chapters/hardware", "title": "Hardware", "ran_at": "2026-11-23T00:00:00+00:00",
               "seconds": 12.5, "succeeded": True, **status.environment(line), "driver": "580.159.04",
               "cuda": "13.0"}
@@ -104,4 +106,22 @@ def test_gpu_runs_are_recorded_for_the_status_page_and_cpu_runs_are_not(tmp_path
     assert step["gpu_runs"] == 1
     written = json.loads((out / "gpu-runs.json").read_text())["runs"]
     assert written == json.loads(recorded.read_text())["runs"] == [on_gpu]
-    assert on_gpu["profile"].startswith("full") and on_gpu["torch"] == "2.11.0+cu130"
+    assert on_gpu["hardware"] == "1 GPU: NVIDIA H100 80GB HBM3 (cuda:0)"
+
+
+def test_a_pages_environment_is_read_from_what_it_printed(tmp_path, monkeypatch):
+    """The record's hardware is the page's line as printed, not the notebook's JSON text."""
+    import dlperf
+    import nbformat
+    from coursebook.status import environment, gpu_runs
+    from nbformat.v4 import new_code_cell, new_notebook, new_output
+    monkeypatch.setattr(dlperf, "gpu_count", lambda: 2)
+    monkeypatch.setattr(dlperf, "describe", lambda device: "NVIDIA H100 80GB HBM3 (cuda:0)")
+    line = dlperf.environment_line(dlperf.run_profile())
+    cell = new_code_cell("profile = dlperf.page_setup()",
+                         outputs=[new_output("stream", name="stdout", text=line + "\nmore\n")])
+    executed = tmp_path / "page.ipynb"
+    nbformat.write(new_notebook(cells=[cell]), executed)
+    found = environment(gpu_run.printed(executed))
+    assert found["hardware"] == "2 GPUs: NVIDIA H100 80GB HBM3 (cuda:0)"
+    assert gpu_runs([{"succeeded": True, **found}])
