@@ -212,6 +212,10 @@ def parser() -> argparse.ArgumentParser:
                          help="where the mutants run (default %(default)s)")
     mutants.add_argument("--profile", choices=PROFILE_CHOICES, default=default("profile"),
                          help="the notebooks' profile (default %(default)s)")
+    mutants.add_argument("--seeds", type=_positive(int), default=3, metavar="N",
+                         help="copies of each mutant handed in, each graded with its own "
+                              "TEST_SEED; a mutant is killed only if every copy loses points "
+                              "(default %(default)s)")
     add_time_limits(mutants)
     add_kernel_options(mutants)
     return top
@@ -485,7 +489,8 @@ def run_mutants(args: argparse.Namespace) -> int:
         return 2
     with LocalRunner(args.jobs, args.kernel, spawner=_open_spawner(args, notebooks)) as runner:
         try:
-            report = mutate(args.course, args.assignment, runner, grade_options(args))
+            report = mutate(args.course, args.assignment, runner, grade_options(args),
+                            seeds=args.seeds)
         except (FileNotFoundError, ValueError) as error:
             print(f"error: {error}", file=sys.stderr)
             return 2

@@ -18,7 +18,10 @@ a rule of the task is not checked, or the mutant behaves exactly as the original
     line = "if moving > computing:"              # the original line, to notice a stale entry
     reason = "at the ridge both roofs give the same time"
 
-Mutants are made on the syntax tree (:mod:`ast`) and shown as the changed line.
+Mutants are made on the syntax tree (:mod:`ast`) and shown as the changed line. Each is
+handed in ``seeds`` times, as copies whose bytes differ (so each gets its own ``TEST_SEED``,
+as different learners' files do): a mutant is killed only if it loses points in every copy,
+since a rule that a seeded case reaches for some learners only is no rule for the others.
 """
 from __future__ import annotations
 
@@ -26,7 +29,7 @@ import ast
 import copy
 import re
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
@@ -241,6 +244,14 @@ def handed_in(released, answers: Dict[str, str]):
     return nb
 
 
+def another_copy(notebook, copy_number: int):
+    """The notebook as handed in for the ``copy_number``-th time: the same cells, its bytes
+    changed by a metadata entry, so that it is graded with another ``TEST_SEED``."""
+    if copy_number:
+        notebook.metadata["autograder_mutants"] = {"copy": copy_number}
+    return notebook
+
+
 @dataclass(frozen=True)
 class Equivalent:
     id: str
@@ -277,6 +288,8 @@ class MutationReport:
     equivalent: List[Tuple[Mutant, Equivalent]]
     survived: List[Mutant]
     stale: List[Equivalent]   # marked equivalent, but no such mutant (or another line) now
+    seeds: int = 1            # copies of each mutant handed in, each with its own TEST_SEED
+    kept_full_marks: Dict[str, int] = field(default_factory=dict)  # survivor id -> copies
     seconds: float = 0.0
 
     @property
@@ -284,15 +297,18 @@ class MutationReport:
         return not self.survived and not self.stale
 
 
-def classify(assignment: str, mutants: List[Mutant], scores: Dict[str, Optional[float]],
-             reference: float, max_score: float,
+def classify(assignment: str, mutants: List[Mutant],
+             scores: Dict[str, List[Optional[float]]], reference: float, max_score: float,
              marked: Dict[str, Equivalent]) -> MutationReport:
-    """Sort mutants by what grading them gave: ``scores`` holds each mutant's score by id
-    (None: not graded normally -- an error, a time-out -- which kills it too)."""
+    """Sort mutants by what grading them gave: ``scores`` holds each mutant's scores by id,
+    one per copy handed in (None: not graded normally -- an error, a time-out -- which
+    kills that copy too). A mutant is killed when every copy is."""
     killed, equivalent, survived = [], [], []
+    full = {}  # mutant id -> how many of its copies kept full marks
     for mutant in mutants:
-        score = scores.get(mutant.id)
-        if score is None or score < reference:
+        copies = scores.get(mutant.id) or [None]
+        full[mutant.id] = sum(score is not None and score >= reference for score in copies)
+        if full[mutant.id] == 0:
             killed.append(mutant)
         elif mutant.id in marked and marked[mutant.id].line == mutant.original:
             equivalent.append((mutant, marked[mutant.id]))
@@ -302,20 +318,26 @@ def classify(assignment: str, mutants: List[Mutant], scores: Dict[str, Optional[
     stale = [e for i, e in marked.items()
              if i not in by_id or by_id[i].original != e.line
              or by_id[i] not in [m for m, _ in equivalent]]
+    seeds = max((len(copies) for copies in scores.values()), default=1)
     return MutationReport(assignment, reference, max_score, mutants, killed, equivalent,
-                          survived, stale)
+                          survived, stale, seeds=seeds,
+                          kept_full_marks={m.id: full[m.id] for m in survived})
 
 
 def format_report(report: MutationReport) -> str:
+    seeds = "" if report.seeds == 1 else f", each handed in {report.seeds} times"
     lines = [f"{report.assignment}: {len(report.mutants)} mutants of the reference answers "
-             f"({report.reference_score:g}/{report.max_score:g} points): "
+             f"({report.reference_score:g}/{report.max_score:g} points{seeds}): "
              f"{len(report.killed)} killed, {len(report.equivalent)} equivalent, "
              f"{len(report.survived)} survived ({report.seconds:.1f} s)"]
     if report.survived:
         lines.append("Survivors (full marks although changed: a rule no test checks, or an "
                      f"equivalent mutant to mark in {EQUIVALENT_FILE}):")
         for mutant in report.survived:
-            lines.append(f"  {mutant.id}  line {mutant.line}: {mutant.original}")
+            kept = report.kept_full_marks.get(mutant.id, report.seeds)
+            seeds = ("" if kept == report.seeds else
+                     f"  [full marks for {kept} of {report.seeds} seeds: a seeded case only]")
+            lines.append(f"  {mutant.id}  line {mutant.line}: {mutant.original}{seeds}")
             lines.append(f"      {mutant.operator}: {mutant.changed}")
     for entry in report.stale:
         lines.append(f"Stale entry in {EQUIVALENT_FILE}: {entry.id} ({entry.line!r}) is no "
@@ -324,10 +346,13 @@ def format_report(report: MutationReport) -> str:
 
 
 def run_mutants(course_dir: Path, assignment: str, runner, options,
-                progress=None) -> MutationReport:
-    """Make every mutant of ``assignment``'s answer cells, grade each with ``runner`` (a
-    :class:`~autograder.grade.LocalRunner`) and sort them. ``options`` as for ``grade``;
-    the course and the mutants' folder are hidden from the kernels as ``grade`` hides them."""
+                progress=None, seeds: int = 1) -> MutationReport:
+    """Make every mutant of ``assignment``'s answer cells, grade ``seeds`` copies of each
+    (and of the reference answers) with ``runner`` (a :class:`~autograder.grade.LocalRunner`)
+    and sort them. ``options`` as for ``grade``; the course and the mutants' folder are
+    hidden from the kernels as ``grade`` hides them."""
+    if seeds < 1:
+        raise ValueError(f"seeds must be at least 1, got {seeds}")
     import dataclasses
     import tempfile
     import time
@@ -346,12 +371,16 @@ def run_mutants(course_dir: Path, assignment: str, runner, options,
         answers = answer_cells(source.notebook)
         released = source.graded_view
         solved = {cell: solution_code(source) for cell, source in answers.items()}
-        handed[f"reference-{name}"] = (name, handed_in(released, solved))
+        for copy_number in range(seeds):
+            handed[f"reference-{name}-{copy_number}"] = (
+                name, another_copy(handed_in(released, solved), copy_number))
         for cell, source in answers.items():
             for mutant in mutants_of(cell, source):
                 mutants.append(mutant)
-                handed[f"mutant-{len(mutants):04d}"] = (
-                    name, handed_in(released, {**solved, cell: mutant.code}))
+                for copy_number in range(seeds):
+                    handed[f"mutant-{len(mutants):04d}-{copy_number}"] = (
+                        name, another_copy(handed_in(released, {**solved, cell: mutant.code}),
+                                           copy_number))
     runner.prepare(sources)
     with tempfile.TemporaryDirectory(prefix="mutants-") as folder:
         submitted = Path(folder)
@@ -373,13 +402,22 @@ def run_mutants(course_dir: Path, assignment: str, runner, options,
             return None
         return sum(r.score for r in graded)
 
-    references = [s for s in handed if s.startswith("reference-")]
+    references = [s for s in handed if s.startswith("reference-") and s.endswith("-0")]
     reference = sum(score(s) or 0.0 for s in references)
     max_score = sum(r.max_score for s in references for r in by_student.get(s, []))
-    if any(score(s) is None for s in references):
+    every_reference = [s for s in handed if s.startswith("reference-")]
+    if any(score(s) is None for s in every_reference):
         raise ValueError(f"the reference answers of {assignment!r} were not graded normally: "
-                         + "; ".join(r.message for s in references for r in by_student.get(s, [])))
-    scores = {m.id: score(f"mutant-{i:04d}") for i, m in enumerate(mutants, 1)}
+                         + "; ".join(r.message for s in every_reference
+                                     for r in by_student.get(s, [])))
+    for copy_number in range(1, seeds):
+        again = sum(score(s[:-1] + str(copy_number)) for s in references)
+        if again != reference:
+            raise ValueError(f"the reference answers of {assignment!r} scored {reference:g} "
+                             f"with one TEST_SEED and {again:g} with another: a test that "
+                             "depends on the seed fails correct answers")
+    scores = {m.id: [score(f"mutant-{i:04d}-{c}") for c in range(seeds)]
+              for i, m in enumerate(mutants, 1)}
     report = classify(assignment, mutants, scores, reference, max_score, marked)
     report.seconds = time.perf_counter() - start
     return report

@@ -78,7 +78,7 @@ def test_solution_markers_are_removed_and_the_code_kept():
 def test_classify_kills_survives_and_justifies():
     mutants = mutants_of("roofline_answer", CODE)
     a, b, c, d = mutants[:4]
-    scores = {a.id: 2.0, b.id: 4.0, c.id: 4.0, d.id: None}  # d: an error or a time-out
+    scores = {a.id: [2.0], b.id: [4.0], c.id: [4.0], d.id: [None]}  # d: an error or a time-out
     marked = {c.id: Equivalent(c.id, c.original, "same behaviour"),
               "roofline_answer:99:0:binary": Equivalent("roofline_answer:99:0:binary", "x", "gone")}
     report = classify("predict", mutants[:4], scores, 4.0, 4.0, marked)
@@ -90,6 +90,33 @@ def test_classify_kills_survives_and_justifies():
     moved = {c.id: Equivalent(c.id, "some other line", "same behaviour")}
     again = classify("predict", mutants[:4], scores, 4.0, 4.0, moved)
     assert c in again.survived and [e.id for e in again.stale] == [c.id]
+
+
+def test_a_mutant_is_killed_only_if_every_seed_kills_it():
+    """Each copy of a mutant is graded with its own TEST_SEED, as different learners' files
+    are: one that keeps full marks for some seeds is a survivor, and the report says so."""
+    mutants = mutants_of("roofline_answer", CODE)
+    a, b, c = mutants[:3]
+    scores = {a.id: [2.0, None, 3.0], b.id: [4.0, 2.0, 4.0], c.id: [4.0, 4.0, 4.0]}
+    report = classify("predict", [a, b, c], scores, 4.0, 4.0, {})
+    assert report.killed == [a] and report.survived == [b, c] and report.seeds == 3
+    text = format_report(report)
+    assert "(4/4 points, each handed in 3 times)" in text
+    assert f"{b.original}  [full marks for 2 of 3 seeds: a seeded case only]" in text
+    assert f"{c.original}\n" in text  # kept full marks for every seed: nothing to add
+
+
+def test_copies_differ_in_their_bytes_not_their_cells():
+    import copy
+    import nbformat
+    from nbformat.v4 import new_code_cell, new_notebook
+    from autograder.mutants import another_copy
+    original = new_notebook(cells=[new_code_cell("x = 1")])
+    made = lambda: copy.deepcopy(original)
+    first, second = another_copy(made(), 0), another_copy(made(), 1)
+    assert nbformat.writes(first) == nbformat.writes(original)
+    assert nbformat.writes(second) != nbformat.writes(first)
+    assert [c.source for c in second.cells] == [c.source for c in first.cells]
 
 
 def test_a_bad_equivalents_file_is_a_clear_error(tmp_path):
@@ -119,16 +146,16 @@ def test_the_command_grades_every_mutant_and_reads_the_instructors_justification
         '[[equivalent]]\nid = "mean:3:4:statement"\nline = "values = list(values)"\n'
         'reason = "the tests hand mean() lists only"\n\n'
         '[[equivalent]]\nid = "squares:9:0:binary"\nline = "gone"\nreason = "old"\n')
-    done = mutants_command(course)
+    done = mutants_command(course, "--seeds", "2")
     assert done.returncode == 1, done.stdout + done.stderr
-    assert "demo: 9 mutants of the reference answers (8/8 points): 8 killed, 1 equivalent, " \
-           "0 survived" in done.stdout
+    assert "demo: 9 mutants of the reference answers (8/8 points, each handed in 2 times): " \
+           "8 killed, 1 equivalent, 0 survived" in done.stdout
     assert "Stale entry in equivalent_mutants.toml: squares:9:0:binary" in done.stdout
 
 
 def test_the_report_shows_each_survivor_with_its_changed_line():
     mutants = mutants_of("roofline_answer", CODE)
-    report = classify("predict", mutants, {m.id: 4.0 for m in mutants[1:]}, 4.0, 4.0, {})
+    report = classify("predict", mutants, {m.id: [4.0] for m in mutants[1:]}, 4.0, 4.0, {})
     report.seconds = 1.25
     text = format_report(report)
     assert text.startswith(f"predict: {len(mutants)} mutants of the reference answers "
