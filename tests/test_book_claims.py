@@ -360,6 +360,20 @@ def _mp_time(ratio_name, faster, slower, same, inverse=False):
 
 
 _MP = "chapters/memory-precision"
+
+
+def _mp_peak(ratio):
+    """memory-precision: the device peak of a step against the counted activations and gradients,
+    2% either way; a CPU run has no peak (NaN)."""
+    if math.isnan(ratio):
+        return "this run had no GPU, so there is no peak to weigh them against"
+    if ratio > 1.02:
+        return "on this run the peak lay above the count"
+    if ratio < 0.98:
+        return "on this run the peak lay below the count"
+    return "on this run the peak came within 2% of the count"
+
+
 CLAIMS += [
     (_MP, "act_states_verdict", lambda v: "more than" if v["act_share"] > 1 else "less than", False),
     (_MP, "states_verdict",
@@ -391,6 +405,7 @@ CLAIMS += [
     (_MP, "accum_time_verdict",
      _mp_time("accum_time_ratio", "took less time than one batch", "took longer than one batch",
               "took about as long as one batch, within 10%", inverse=True), False),
+    (_MP, "peak_verdict", lambda v: _mp_peak(v["peak_ratio"]), True),
     (_MP, "ckpt_time_verdict",
      _mp_time("ckpt_time_ratio", "faster than keeping the activations",
               "slower than keeping the activations",
@@ -796,6 +811,10 @@ def test_the_rules_catch_a_verdict_that_disagrees():
     assert _ak_flash({"backends_ran": "MATH", "flash_speedup": float("nan")}).startswith("could not")
     assert _ak_flash({"backends_ran": "MATH and FLASH_ATTENTION", "flash_speedup": 3.2}) == (
         "faster than the naive version")
+    # memory-precision once told readers to expect a GPU's peak above the counted activations
+    # and gradients; on an H100 it came to 192.07 MiB against 192.12 MiB counted
+    assert _mp_peak(192.07 / 192.12).startswith("on this run the peak came within 2%")
+    assert _mp_peak(1.3).startswith("on this run the peak lay above")
     with pytest.raises(AssertionError):  # a GPU prediction stated on a CPU run, unhedged
         _ak_outlook("o")({"on_gpu": False, "o": "On a GPU the replay is several times as fast."})
 

@@ -28,6 +28,12 @@ def test_page_names_its_device_and_draws_figures(page):
     assert figures(nb) >= 2
 
 
+def test_the_device_peak_is_weighed_only_where_there_is_one(page):
+    _, text, values = page
+    if "no peak to show" in values["peak_summary"]:  # a CPU run
+        assert values["peak_verdict"].strip("'").startswith("this run had no GPU")
+
+
 def test_model_states_are_counted_per_parameter(page):
     _, text, values = page
     assert "Adam state before the first step: 0 tensors, 0 bytes" in text  # Adam's state is lazy
@@ -101,6 +107,12 @@ def test_page_runs_on_the_gpu(monkeypatch):
     text, values = page_text(nb), glued(nb)
     assert re.search(r"\d+ GPUs?: ", text)  # page_setup's line names the GPUs it found
     assert "were allocated before the step" in values["peak_summary"]
+    # Whether the peak lies above or below the counted activations and gradients is measured, not
+    # expected: the sentence names the side the ratio it prints lies on.
+    verdict = values["peak_verdict"].strip("'")
+    ratio = float(re.search(r"([\d.]+) times", verdict).group(1))
+    side = "above" if ratio > 1.02 else "below" if ratio < 0.98 else "within 2%"
+    assert side in verdict
     assert "device peak above baseline (MiB)" in text
     assert values["states_verdict"].strip("'") == "the same"
     assert 0.5 <= number(values, "act_ratio") < 1

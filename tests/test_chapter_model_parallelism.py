@@ -142,3 +142,6 @@ def test_page_runs_on_gpus(monkeypatch):
     assert number(values, "tp_max_diff") < 1e-3 and number(values, "pipe_grad_diff") < 1e-3
     assert number(values, "torch_tp_mismatches") == 0
     assert f"{number(values, 'stages'):.0f} stages over" in text
+    assert "GPU(s)" not in text  # one GPU is one GPU: the mesh line says 'one GPU is too few'
+    if gpus == 1:
+        assert "this machine's one GPU is too few for the 2 x 2 mesh" in text

@@ -53,6 +53,9 @@ def test_multiple_gpus_concise(page_outputs):
         assert "DataParallel, 1 GPU" not in text
         assert "--nproc-per-node=2" in text and "backend gloo" in text
         assert number(values, "ddp_nproc") == 2
+    if torch.cuda.device_count() == 1:  # one GPU: DataParallel has nothing to split, and says so
+        assert "DataParallel uses device_ids [0]" in text
+        assert "One GPU: DataParallel moves the input to it" in text
     # DDP trained for real: accuracy well above chance (0.1; the synthetic set is hard on
     # purpose), every rank with the same weights
     assert number(values, "ddp_acc_first") > 0.3
