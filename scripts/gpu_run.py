@@ -176,8 +176,9 @@ def printed(notebook: Path) -> str:
     swallow)."""
     import nbformat
     cells = nbformat.read(notebook, as_version=4).cells
-    return "\n".join(out.get("text", "") for cell in cells for out in cell.get("outputs", [])
-                     if out.get("output_type") == "stream")
+    # One cell's pieces joined as they came (a kernel can send one line in two messages).
+    return "\n".join("".join(out.get("text", "") for out in cell.get("outputs", [])
+                             if out.get("output_type") == "stream") for cell in cells)
 
 
 def run_chapters(run: Run, site: Path, profile: str, hardware: dict,

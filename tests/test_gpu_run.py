@@ -125,3 +125,19 @@ def test_a_pages_environment_is_read_from_what_it_printed(tmp_path, monkeypatch)
     found = environment(gpu_run.printed(executed))
     assert found["hardware"] == "2 GPUs: NVIDIA H100 80GB HBM3 (cuda:0)"
     assert gpu_runs([{"succeeded": True, **found}])
+
+
+def test_a_line_printed_in_two_pieces_is_read_whole(tmp_path):
+    """A kernel can send ``print("a:", [1])`` as two stream messages; neither the pages' tests
+    nor gpu-run may read it as two lines."""
+    import nbformat
+    from nbformat.v4 import new_code_cell, new_notebook, new_output
+    from tests.helpers import glued, page_text
+    pieces = [new_output("stream", name="stdout", text="activation bytes per token:"),
+              new_output("stream", name="stdout", text=" [10256, 10256]\nwidth: 64\n")]
+    nb = new_notebook(cells=[new_code_cell("print(...)", outputs=pieces)])
+    assert "activation bytes per token: [10256, 10256]" in page_text(nb).splitlines()
+    assert glued(nb)["width"] == "64"
+    path = tmp_path / "page.ipynb"
+    nbformat.write(nb, path)
+    assert gpu_run.printed(path).splitlines()[0] == "activation bytes per token: [10256, 10256]"
