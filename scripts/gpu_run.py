@@ -175,10 +175,8 @@ def printed(notebook: Path) -> str:
     """What an executed notebook's cells printed (not its JSON, whose escapes a line would
     swallow)."""
     import nbformat
-    cells = nbformat.read(notebook, as_version=4).cells
-    # One cell's pieces joined as they came (a kernel can send one line in two messages).
-    return "\n".join("".join(out.get("text", "") for out in cell.get("outputs", [])
-                             if out.get("output_type") == "stream") for cell in cells)
+    from tests.helpers import page_text  # joins a line a kernel sent in two pieces
+    return page_text(nbformat.read(notebook, as_version=4))
 
 
 def run_chapters(run: Run, site: Path, profile: str, hardware: dict,
