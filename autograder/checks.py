@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import functools
 import io
 import json
 import re
@@ -83,23 +84,29 @@ def bound_names(tree: ast.AST) -> set:
     return names
 
 
-def setup_names(setup_code: str) -> set:
+@functools.lru_cache(maxsize=64)  # the same instructor's code for every submission
+def setup_names(setup_code: str) -> frozenset:
     """Names the setup cells define at top level (not their functions' locals)."""
     try:
         tree = parse(setup_code)
     except SyntaxError:
-        return set()
+        return frozenset()
     names = set()
     for statement in tree.body:
         if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             names.add(statement.name)
         else:
             names |= bound_names(statement)
-    return names
+    return frozenset(names)
 
 
 def split_test(source: str, setup: Iterable[str] = ()) -> Optional[SplitTest]:
     """Split a test cell's source at ``### CHECKS`` (``None`` when it has no such line)."""
+    return _split_test(source, frozenset(setup))
+
+
+@functools.lru_cache(maxsize=256)  # the same instructor's cells for every submission
+def _split_test(source: str, setup: frozenset) -> Optional[SplitTest]:
     lines = source.splitlines()
     at = [i for i, line in enumerate(lines) if line.strip() == MARKER]
     if len(at) != 1:
@@ -120,6 +127,7 @@ def probe_source(split: SplitTest) -> str:
             f"__import__('autograder.evidence').evidence.emit(globals(), ({names}))")
 
 
+@functools.lru_cache(maxsize=256)
 def assigns_seed(source: str) -> bool:
     try:
         return SEED_NAME in bound_names(parse(source))

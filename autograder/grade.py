@@ -349,10 +349,6 @@ def grade_submission(submission: Submission, source: Optional[SourceNotebook],
     if source is None:
         return invalid(f"no notebook {submission.notebook!r} in assignment "
                        f"{submission.assignment!r}", [])
-    plan = planned_tests(source, options.device)
-    zero = [TestResult(t.grade_id, t.points, 0.0, SKIPPED if t.skipped else FAILED,
-                       "Not graded: the submission could not be read.", t.hidden)
-            for t in plan.tests]
     try:
         raw = submitted_bytes(submission.path, submission.root)
         submitted, repairs = notebook_from_bytes(raw, max_cells=MAX_CELLS)
@@ -361,6 +357,9 @@ def grade_submission(submission: Submission, source: Optional[SourceNotebook],
                           profile=options.profile, seed=seed)
         rebuilt.notes[:0] = ([submission.note] if submission.note else []) + repairs
     except ValueError as error:
+        zero = [TestResult(t.grade_id, t.points, 0.0, SKIPPED if t.skipped else FAILED,
+                           "Not graded: the submission could not be read.", t.hidden)
+                for t in planned_tests(source, options.device).tests]
         phase(READ)
         return invalid(str(error), zero)
     phase(READ)
