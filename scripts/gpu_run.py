@@ -180,28 +180,30 @@ def printed(notebook: Path) -> str:
 
 
 def run_chapters(run: Run, site: Path, profile: str, hardware: dict,
-                 notebooks: Path | None = None, reserve: float = GRADING_RESERVE) -> tuple:
+                 notebooks: Path | None = None, reserve: float = GRADING_RESERVE,
+                 jobs: int = 1) -> tuple:
     """Execute every chapter, leaving ``reserve`` seconds for the steps after it; (the step's
     record, the runs for the status page, the folder of executed notebooks ``<name>.ipynb``).
 
     Each page's ``.md`` is made a notebook with jupytext; with ``notebooks`` (a folder of the
     built book's published notebooks, ``_build/html/_sources/chapters``) those run instead:
-    what readers open from the launch buttons, includes and glued values written in."""
-    from coursebook.status import environment as environment_of  # found through ROOT on sys.path
+    what readers open from the launch buttons, includes and glued values written in.
+    ``jobs`` pages run at once: 1 wherever the pages' timings matter (a page sharing the
+    machine with another measures both), more only to check that the pages run."""
+    from concurrent.futures import ThreadPoolExecutor
 
-    started, runs, results = time.monotonic(), [], []
+    started = time.monotonic()
     work = Path(tempfile.mkdtemp(prefix="gpu-run-chapters-"))
     executed_folder = work / "executed"
     executed_folder.mkdir()
     env = environment(site, DLPERF_PROFILE=profile)
-    archive = zipfile.ZipFile(run.out / "chapters.zip", "w", zipfile.ZIP_DEFLATED)
-    for page in chapters():
+
+    def one(page: str) -> dict:
         name = page.split("/")[-1]
         left = run.left() - reserve
         if left < 20:
-            results.append({"page": page, "outcome": "not run: out of time"})
             run.say(f"{page}: not run, out of time")
-            continue
+            return {"page": page, "outcome": "not run: out of time"}
         source, executed = work / f"{name}.ipynb", executed_folder / f"{name}.ipynb"
         code = chapter_notebook(run, page, source, notebooks, env)
         began, ran_at = time.monotonic(), datetime.now(timezone.utc).isoformat(timespec="seconds")
@@ -211,17 +213,27 @@ def run_chapters(run: Run, site: Path, profile: str, hardware: dict,
                                   timeout=left, env=env)
         seconds = round(time.monotonic() - began, 1)
         outcome = {0: "passed", None: "out of time"}.get(code, "failed")
-        results.append({"page": page, "outcome": outcome, "seconds": seconds})
         run.say(f"{page}: {outcome} in {seconds} s")
-        if executed.exists():
-            archive.write(executed, f"{name}.ipynb")
-            runs.append({"page": page, "title": title(page), "ran_at": ran_at,
-                         "seconds": seconds, "succeeded": code == 0,
-                         **environment_of(printed(executed)), **hardware})
-    archive.close()
+        return {"page": page, "outcome": outcome, "seconds": seconds, "ran_at": ran_at,
+                "succeeded": code == 0, "executed": executed if executed.exists() else None}
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        results = list(pool.map(one, chapters()))  # in the book's order, whatever ran first
+    from coursebook.status import environment as environment_of  # found through ROOT on sys.path
+    runs = []
+    with zipfile.ZipFile(run.out / "chapters.zip", "w", zipfile.ZIP_DEFLATED) as archive:
+        for result in results:
+            executed = result.pop("executed", None)
+            ran_at, succeeded = result.pop("ran_at", None), result.pop("succeeded", False)
+            if executed is not None:
+                archive.write(executed, executed.name)
+                runs.append({"page": result["page"], "title": title(result["page"]),
+                             "ran_at": ran_at, "seconds": result["seconds"],
+                             "succeeded": succeeded, **environment_of(printed(executed)),
+                             **hardware})
     failed = [r["page"] for r in results if r["outcome"] != "passed"]
     record = run.step("chapters", "passed" if not failed else "failed", started, profile=profile,
-                      chapters=results)
+                      jobs=max(1, jobs), chapters=results)
     return record, runs, executed_folder
 
 
@@ -330,6 +342,9 @@ def main(argv=None) -> int:
     parser.add_argument("--notebooks", type=Path, default=None, metavar="FOLDER",
                         help="run the chapters from the built book's published notebooks in "
                              "FOLDER (_build/html/_sources/chapters) instead of the .md pages")
+    parser.add_argument("--chapter-jobs", type=int, default=1, metavar="N",
+                        help="chapters run at once (default 1: on a GPU the pages measure, and "
+                             "a page that shares the machine measures its neighbour too)")
     parser.add_argument("--steps", default=",".join(STEPS),
                         help=f"which steps to run after the install (default: all, {','.join(STEPS)})")
     args = parser.parse_args(argv)
@@ -337,6 +352,8 @@ def main(argv=None) -> int:
     unknown = sorted(set(steps_wanted) - set(STEPS))
     if unknown:
         parser.error(f"unknown step(s) {unknown}; the steps are {', '.join(STEPS)}")
+    if args.chapter_jobs < 1:
+        parser.error(f"--chapter-jobs must be at least 1, got {args.chapter_jobs}")
     args.out.mkdir(parents=True, exist_ok=True)
     run = Run(args.out, args.budget)
     run.say(f"scripts/gpu-run: profile {args.profile}, budget {args.budget:.0f} s, "
@@ -354,7 +371,8 @@ def main(argv=None) -> int:
         if "chapters" in steps_wanted:
             reserve = GRADING_RESERVE + (TESTS_RESERVE if "tests" in steps_wanted else 0)
             chapter_step, runs, executed = run_chapters(run, args.site, args.profile, hardware,
-                                                        args.notebooks, reserve)
+                                                        args.notebooks, reserve,
+                                                        args.chapter_jobs)
             steps.append(chapter_step)
         if "tests" in steps_wanted:
             steps.append(gpu_tests(run, args.site, executed))

@@ -130,6 +130,7 @@ def test_gpu_run_passes_on_the_stand_in(stand_in, built_book, tmp_path):
     published = built_book.html / "_sources" / "chapters"
     done = subprocess.run([str(ROOT / "scripts" / "gpu-run"), "--profile", "quick", "--out",
                            str(out), "--site", str(site), "--budget", "2400",
+                           "--chapter-jobs", "2",  # no GPU here: the pages only have to run
                            "--notebooks", str(published)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=3000)
     summary = json.loads((out / "summary.json").read_text())
@@ -142,6 +143,7 @@ def test_gpu_run_passes_on_the_stand_in(stand_in, built_book, tmp_path):
     gpu_tests = steps["pytest -m gpu"]
     assert gpu_tests["failures"] == gpu_tests["errors"] == 0 and gpu_tests["skipped"] > 10
     chapters = steps["chapters"]["chapters"]
+    assert steps["chapters"]["jobs"] == 2
     toc = re.findall(r"- file: (chapters/[\w-]+)", (ROOT / "_toc.yml").read_text())
     assert [c["page"] for c in chapters] == toc
     assert all(c["outcome"] == "passed" for c in chapters)

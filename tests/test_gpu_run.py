@@ -7,6 +7,8 @@ import re
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 import gpu_run  # noqa: E402  (scripts/ is no package)
@@ -141,3 +143,38 @@ def test_a_line_printed_in_two_pieces_is_read_whole(tmp_path):
     path = tmp_path / "page.ipynb"
     nbformat.write(nb, path)
     assert gpu_run.printed(path).splitlines()[0] == "activation bytes per token: [10256, 10256]"
+
+
+@pytest.mark.integration  # three real kernels
+def test_chapters_run_two_at_a_time_are_reported_in_the_books_order(tmp_path, monkeypatch):
+    """``--chapter-jobs 2`` (the stand-in): the first page finishes only after the second has
+    run, yet the record, the runs and the archive list the pages in the book's order."""
+    import zipfile
+
+    import nbformat
+    from nbformat.v4 import new_code_cell, new_notebook
+    pages = ["chapters/slow", "chapters/quick", "chapters/broken"]
+    monkeypatch.setattr(gpu_run, "chapters", lambda: pages)
+    monkeypatch.setattr(gpu_run, "title", lambda page: page)
+    published = tmp_path / "published"
+    published.mkdir()
+    flag = tmp_path / "quick-ran"  # the first page waits for the second: they must overlap
+    waits = (f"import pathlib, time\nfor _ in range(600):\n    if pathlib.Path({str(flag)!r})"
+             f".exists():\n        break\n    time.sleep(0.1)\nelse:\n    raise SystemExit(1)")
+    for page, code in zip(pages, [waits, f"open({str(flag)!r}, 'w').close()", "1 / 0"]):
+        nb = new_notebook(cells=[new_code_cell(code)],
+                          metadata={"kernelspec": {"name": "python3", "language": "python",
+                                                   "display_name": "Python 3"}})
+        nbformat.write(nb, published / f"{page.split('/')[-1]}.ipynb")
+    (tmp_path / "out").mkdir()
+    run = gpu_run.Run(tmp_path / "out", budget=300)
+    record, runs, executed = gpu_run.run_chapters(run, tmp_path / "no-site", "quick", {},
+                                                  published, reserve=0, jobs=2)
+    run.log.close()
+    assert [(c["page"], c["outcome"]) for c in record["chapters"]] == [
+        ("chapters/slow", "passed"), ("chapters/quick", "passed"), ("chapters/broken", "failed")]
+    assert record["outcome"] == "failed" and record["jobs"] == 2
+    assert [r["page"] for r in runs] == pages  # papermill writes a failed page's notebook too
+    assert [r["succeeded"] for r in runs] == [True, True, False]
+    with zipfile.ZipFile(tmp_path / "out" / "chapters.zip") as archive:
+        assert archive.namelist() == ["slow.ipynb", "quick.ipynb", "broken.ipynb"]
