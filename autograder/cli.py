@@ -378,12 +378,12 @@ def run_serve(args: argparse.Namespace) -> int:
     """Read the course's roster and rules (a clear error if they are wrong), then issue
     tokens or serve, grading as ``grade`` does: on a :class:`~autograder.grade.LocalRunner`,
     or with ``--scheduler`` on a Dask cluster (:class:`~autograder.cluster.Cluster`)."""
-    from .service_app import ConfigError, Service
+    from .service.app import ConfigError, Service
     if args.jupyterhub and args.issue_tokens is not None:
         print("error: --issue-tokens is for the standalone sign-in; on a JupyterHub the hub "
               "signs people in", file=sys.stderr)
         return 2
-    from .service_db import DatabaseError
+    from .service.db import DatabaseError
     try:
         limits = ServiceLimits(max_connections=args.max_connections,
                                header_timeout=args.header_timeout,

@@ -31,8 +31,8 @@ import nbformat
 import pytest
 
 from autograder.cli import main, parser
-from autograder.service_config import ConfigError, Rules, read_roster, read_rules
-from autograder.service_db import DONE, GRADING, QUEUED, Store, fair_order
+from autograder.service.config import ConfigError, Rules, read_roster, read_rules
+from autograder.service.db import DONE, GRADING, QUEUED, Store, fair_order
 from autograder.submit import multipart
 from tests.autograder_fixtures.submissions import COURSE, GOOD_SQUARES, answered, write
 from tests import helpers
@@ -81,7 +81,7 @@ def test_the_store_claims_in_fair_order_and_commits_a_result_once(tmp_path):
 
 
 def test_tokens_are_stored_only_as_their_hash(tmp_path):
-    from autograder.service_auth import TokenSignIn
+    from autograder.service.auth import TokenSignIn
     people = read_roster(roster_course(tmp_path))
     store = Store(tmp_path / "service.db")
     issued = dict((p.id, t) for p, t in TokenSignIn(store, people).issue())
@@ -127,7 +127,7 @@ def old_database(path: Path, schema: int) -> list:
 
 @pytest.mark.parametrize("schema", [1, 2])
 def test_a_database_of_an_earlier_service_is_migrated_keeping_every_row(tmp_path, schema):
-    from autograder.service_db import SCHEMA_VERSION
+    from autograder.service.db import SCHEMA_VERSION
     path = tmp_path / "service.db"
     rows = old_database(path, schema)
     store = Store(path)
@@ -163,7 +163,7 @@ def test_a_database_of_an_earlier_service_is_migrated_keeping_every_row(tmp_path
 
 
 def test_a_database_of_a_later_service_is_refused_untouched(tmp_path, capsys):
-    from autograder.service_db import SCHEMA_VERSION, DatabaseError
+    from autograder.service.db import SCHEMA_VERSION, DatabaseError
     course = roster_course(tmp_path)
     path = course / "service.db"
     Store(path).add("alan", "demo", "demo", 1, path, 1.0, 0)

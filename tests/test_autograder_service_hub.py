@@ -36,9 +36,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograder.service_config import (ConfigError, INSTRUCTOR, LEARNER, Person,
+from autograder.service.config import (ConfigError, INSTRUCTOR, LEARNER, Person,
                                        ServiceConfig, read_hub)
-from autograder.service_auth import Refused
+from autograder.service.auth import Refused
 from autograder.submit import multipart
 from tests.autograder_fixtures.submissions import COURSE, answered, write
 from tests.test_autograder_service import (OFF_BY_ONE, ROOT, roster_course, until,
@@ -53,7 +53,7 @@ PREFIX = "/services/autograder/"
 def hub_signin(group: str = "instructors"):
     pytest.importorskip("jupyterhub", reason="jupyterhub is not installed here")
     from jupyterhub.services.auth import HubOAuth
-    from autograder.service_auth import HubSignIn
+    from autograder.service.auth import HubSignIn
     auth = HubOAuth(api_token="secret", oauth_client_id="service-autograder",
                     api_url="http://127.0.0.1:8081/hub/api", base_url=PREFIX)
     return HubSignIn(group, auth=auth)

@@ -389,7 +389,7 @@ def test_the_database_unavailable_and_the_disk_full_lose_no_upload(tmp_path_fact
 def test_keep_files_and_the_limits_are_checked(tmp_path_factory):
     from autograder.layout import TooManyCells, notebook_from_bytes
     from autograder.options import MAX_CELLS, ServiceLimits
-    from autograder.service_config import ConfigError, read_rules
+    from autograder.service.config import ConfigError, read_rules
     course = course_copy(tmp_path_factory, "settings", "keep_files = 2\n"
                          "[assignments.quota]\nkeep_files = 1\n")
     default, rules = read_rules(course, ["demo", "quota"])

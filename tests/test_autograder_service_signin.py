@@ -30,7 +30,7 @@ import nbformat
 import pytest
 
 from autograder.cli import parser
-from autograder.service_db import Store
+from autograder.service.db import Store
 from autograder.submit import multipart
 from tests.autograder_fixtures.submissions import answered, write
 from tests.service_server import issue_tokens
@@ -258,8 +258,8 @@ def test_a_token_that_begins_with_a_dash_as_the_readme_writes_it(service, dashed
 
 
 def test_issued_tokens_never_begin_with_a_dash(tmp_path, monkeypatch):
-    from autograder.service_auth import TokenSignIn
-    from autograder.service_config import read_roster
+    from autograder.service.auth import TokenSignIn
+    from autograder.service.config import read_roster
     made = iter(["-" + "a" * 42, "b" * 43, "-" + "c" * 42, "_" + "d" * 42])
     monkeypatch.setattr(secrets, "token_urlsafe", lambda n=None: next(made))
     course = roster_course(tmp_path)
@@ -376,7 +376,7 @@ def test_a_database_of_the_service_before_sessions_gains_them(tmp_path):
     """A schema 3 database (no sessions table): opened, it gains one, its tokens still sign
     in, and a copy of the file as it was is kept beside it."""
     import sqlite3
-    from autograder.service_db import SCHEMA_VERSION
+    from autograder.service.db import SCHEMA_VERSION
     path = tmp_path / "service.db"
     Store(path).set_token("alan", "alans-token")
     with sqlite3.connect(path) as db:  # as the service of schema 3 left it
@@ -402,7 +402,7 @@ def test_pages_on_a_hub_carry_the_same_headers():
     from unittest import mock
     import tornado.httputil
     import tornado.web
-    from autograder import service_pages as pages
+    from autograder.service import pages
     from tests.test_autograder_service_hub import PREFIX, hub_signin
     signin = hub_signin()
     service = SimpleNamespace(signin=signin, form_targets="https://hub.example.org")
@@ -420,7 +420,7 @@ def test_pages_on_a_hub_carry_the_same_headers():
 
 
 def test_the_log_cuts_every_secret_of_an_address():
-    from autograder.service_app import redact
+    from autograder.service.app import redact
     assert redact("POST /submit?_xsrf=2|ab|cd|17&assignment=demo") == \
         "POST /submit?_xsrf=[redacted]&assignment=demo"
     assert redact("GET /signin?token=-abc_DEF") == "GET /signin?token=[redacted]"

@@ -1,8 +1,8 @@
 """``python -m autograder serve``: hand in a notebook on the web and get its feedback.
 
 A Tornado application (server-rendered HTML, no JavaScript) over the service's database
-(:mod:`.service_db`), its graders (:mod:`.service_queue`, the one grading pipeline) and
-its sign-in (:mod:`.service_auth`). Every handler learns who is asking before it reads
+(:mod:`.db`), its graders (:mod:`.queue`, the one grading pipeline) and
+its sign-in (:mod:`.auth`). Every handler learns who is asking before it reads
 anything; learners see their own uploads only, instructors everything.
 
 Routes (under ``/``, or on a JupyterHub under the service's prefix ``/services/NAME/``,
@@ -48,13 +48,13 @@ import tornado.web
 from tornado import httputil
 from tornado.httpserver import HTTPServer
 
-from .layout import (MAX_NOTEBOOK_BYTES, Course, TooManyCells, mebibytes, notebook_from_bytes,
+from ..layout import (MAX_NOTEBOOK_BYTES, Course, TooManyCells, mebibytes, notebook_from_bytes,
                      plural, too_big)
-from .options import (SERVICE_DB, SERVICE_FD_PER_JOB, SERVICE_FD_RESERVE,
+from ..options import (SERVICE_DB, SERVICE_FD_PER_JOB, SERVICE_FD_RESERVE,
                       SERVICE_FORM_BYTES, SERVICE_SESSION_DAYS, ServiceLimits)
-from .service_auth import HubSignIn, TokenSignIn, hub_address
-from .service_config import ConfigError, Person, ServiceConfig  # noqa: F401 (ConfigError: cli)
-from .service_db import DONE, GRADING, QUEUED, Row, Store, when
+from .auth import HubSignIn, TokenSignIn, hub_address
+from .config import ConfigError, Person, ServiceConfig  # noqa: F401 (ConfigError: cli)
+from .db import DONE, GRADING, QUEUED, Row, Store, when
 
 HOUR = 3600.0
 # query parameters that carry a secret: the sign-in link's token, an OAuth callback's code,
@@ -380,7 +380,7 @@ class Service:
         return counted
 
     def grades_csv(self) -> str:
-        from .report import CSV_COLUMNS
+        from ..report import CSV_COLUMNS
         out = io.StringIO()
         writer = csv.DictWriter(out, fieldnames=CSV_COLUMNS)
         writer.writeheader()
@@ -399,7 +399,7 @@ class Service:
     # running
 
     def application(self) -> tornado.web.Application:
-        from . import service_pages as pages
+        from . import pages as pages
         signin = self.signin
         routes = [(pattern, signin.page(handler))
                   for pattern, handler in pages.routes(signin.prefix)] + signin.own_routes()
@@ -423,7 +423,7 @@ class Service:
         return hub_address() if self.hub else (host, port)
 
     def run(self, runner, options, host: str, port: int) -> int:
-        from .service_queue import Graders
+        from .queue import Graders
         self.graders = Graders(self.store, runner, self.course, self.sources, options,
                                self.config.rules, self.files, gradebook=self.gradebook,
                                on_change=self.changed, limits=self.limits)
