@@ -16,12 +16,10 @@ from pathlib import Path
 from typing import List, Optional
 
 from .checks import parse
-from .device import cuda_available
 from .grade import GRADED, LocalRunner, grade_submission
 from .judge import HIDDEN_ONLY, MANUAL, PARTIAL, PASSED, SKIPPED, TestResult
 from .layout import SourceNotebook, Submission, read_submission
 from .options import CHECK_PROFILE, GradeOptions
-from .spawn import Spawner
 from .rebuild import grade_id_of, is_test
 
 
@@ -72,25 +70,25 @@ def edited_tests(nb) -> List[str]:
 
 def check(notebook: Path, source: Optional[Path] = None,
           options: GradeOptions = GradeOptions(profile=CHECK_PROFILE),
-          spawner: Optional[Spawner] = None) -> CheckReport:
+          runner: Optional[LocalRunner] = None) -> CheckReport:
     """Run the visible tests of ``notebook`` through the grading pipeline.
 
-    ``ValueError`` when the file is not a notebook. Without a ``spawner``, a runner of
-    its own (of ``options.kernel``'s kind) grades it and resolves ``auto`` in ``options``.
+    ``ValueError`` when the file is not a notebook. ``runner`` (a
+    :class:`~autograder.grade.LocalRunner`; without one, one of its own of
+    ``options.kernel``'s kind) resolves ``auto`` in ``options`` as ``grade``'s runners do,
+    and its spawner runs the notebook.
     """
     notebook = Path(notebook).resolve()
+    if runner is None:
+        with LocalRunner(1, options.kernel, [Path(source) if source else notebook]) as own:
+            return check(notebook, source, options, own)
     learner = read_submission(notebook)
     reference = SourceNotebook.read_released(Path(source) if source else notebook)
     edited = [] if source else edited_tests(learner)
     submission = Submission(student_id="you", assignment=notebook.parent.name,
                             notebook=notebook.stem, path=notebook)
-    if spawner is None:
-        with LocalRunner(1, options.kernel, [reference.path]) as runner:
-            options = runner.resolve(options)
-            result = grade_submission(submission, reference, options, runner.spawner)
-    else:
-        options = options.resolve(lambda: cuda_available(spawner))
-        result = grade_submission(submission, reference, options, spawner)
+    options = runner.resolve(options)
+    result = grade_submission(submission, reference, options, runner.spawner)
     # A released test cell with no code left held only hidden tests: nothing to check here.
     visible = {grade_id_of(cell): cell.source
                for cell in reference.notebook.cells if is_test(cell)}

@@ -8,25 +8,29 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import List, Optional
+from typing import Dict, List, Optional
 
-from .options import (CHECK_PROFILE, DEVICE_CHOICES, KERNELS, PROFILE_CHOICES, PROFILES, RETRIES,
-                      SERVICE_HOST, SERVICE_PORT, SERVICE_SESSION_DAYS, SERVICE_SUBMIT_WAIT, GiB,
-                      MiB, ServiceLimits,
-                      available_cores, default)
+from .options import (SERVICE_HOST, SERVICE_PORT, SERVICE_SESSION_DAYS,
+                      SERVICE_SUBMIT_WAIT, options_of)
+from .options import positive as _positive
 
-
-def _positive(kind, zero: bool = False):
-    def parse(text: str):
-        value = kind(text)
-        if value < 0 or (value == 0 and not zero):
-            raise argparse.ArgumentTypeError(
-                f"must be {'zero or more' if zero else 'positive'}, got {text}")
-        return value
-    return parse
+KERNEL_OPTIONS = ("kernel", "memory", "disk", "processes")
+TIME_LIMITS = ("timeout", "cell_timeout")
 
 
-def parser() -> argparse.ArgumentParser:
+def add_options(command: argparse.ArgumentParser, name: str, *dests: str) -> None:
+    """Add the declared options ``dests`` (autograder.options.OPTIONS) to ``command``,
+    in that order (the order of its --help)."""
+    declared = options_of(name)
+    for dest in dests:
+        option = declared[dest]
+        command.add_argument(option.flag, **option.argument(name))
+
+
+def parser(defaults: Optional[Dict[str, Dict[str, object]]] = None
+           ) -> argparse.ArgumentParser:
+    """The command line; ``defaults`` (by command, then dest) replace the built-in
+    defaults (those of the course's nbgrader_config.py, see :func:`course_defaults`)."""
     top = argparse.ArgumentParser(
         prog="python -m autograder",
         description="Grade nbgrader submissions with papermill, or check your own notebook.")
@@ -42,34 +46,13 @@ def parser() -> argparse.ArgumentParser:
                        help="the assignment (a folder of the course's source directory)")
     grade.add_argument("--out", required=True, type=Path, metavar="OUT",
                        help="where grades.csv, the results and the executed notebooks go")
-    grade.add_argument("--jobs", type=_positive(int), default=available_cores(), metavar="N",
-                       help="submissions graded at once, each in its own kernel "
-                            "(default: the number of cores, %(default)s here)")
-    grade.add_argument("--device", choices=DEVICE_CHOICES, default=default("device"),
-                       help="auto uses CUDA when PyTorch sees a GPU; GPU-only tests (grade_id "
-                            "ending in _gpu) are skipped on the CPU")
-    add_time_limits(grade)
+    add_options(grade, "grade", "jobs", "device", *TIME_LIMITS)
     grade.add_argument("--gradebook", nargs="?", const="sqlite:///gradebook.db", default=None,
                        metavar="DB_URL", help="also store the scores in nbgrader's gradebook "
                        "(default when given without a value: sqlite:///gradebook.db)")
-    grade.add_argument("--course", type=Path, default=Path("."), metavar="DIR",
-                       help="the nbgrader course directory with the instructor's notebooks "
-                            "(default: the current directory)")
-    grade.add_argument("--profile", choices=PROFILE_CHOICES, default=default("profile"),
-                       help="run profile for the notebooks (auto: full on CUDA, else quick)")
-    add_kernel_options(grade)
+    add_options(grade, "grade", "course", "profile", *KERNEL_OPTIONS)
     grade.add_argument("--no-progress", action="store_true", help="no progress bar")
-    grade.add_argument("--scheduler", default=None, metavar="ADDRESS",
-                       help="grade on the workers of the Dask scheduler at ADDRESS (e.g. "
-                            "tcp://10.0.0.5:8786), one task per submission; the workers' threads "
-                            "set how many run at once (--jobs is not used), workers started "
-                            "with --resources GPU=1 take --device cuda work, and auto picks "
-                            "cuda when some worker has a GPU. The course and the submissions "
-                            "must be at the same paths on every machine (see README)")
-    grade.add_argument("--retries", type=_positive(int, zero=True), default=RETRIES, metavar="N",
-                       help="with --scheduler: run a task that raised again on up to N more "
-                            "tries (default %(default)s; tasks of workers that died are always "
-                            "retried, up to the scheduler's allowed-failures)")
+    add_options(grade, "grade", "scheduler", "retries")
 
     check = commands.add_parser(
         "check", help="run the visible tests of your notebook and show which pass",
@@ -77,12 +60,7 @@ def parser() -> argparse.ArgumentParser:
     check.add_argument("notebook", type=Path, metavar="NOTEBOOK", help="your notebook")
     check.add_argument("--source", type=Path, default=None, metavar="RELEASED",
                        help="the released notebook to take the tests from (default: NOTEBOOK)")
-    check.add_argument("--device", choices=DEVICE_CHOICES, default=default("device"),
-                       help="auto uses CUDA when PyTorch sees a GPU (GPU-only tests need it)")
-    check.add_argument("--profile", choices=PROFILES, default=CHECK_PROFILE,
-                       help="run profile for the notebook (default %(default)s)")
-    add_time_limits(check)
-    add_kernel_options(check)
+    add_options(check, "check", "device", "profile", *TIME_LIMITS, *KERNEL_OPTIONS)
 
     serve = commands.add_parser(
         "serve", help="a web service where learners hand in notebooks and get feedback",
@@ -90,8 +68,7 @@ def parser() -> argparse.ArgumentParser:
                     "notebook and get its feedback; instructors see every grade. People come "
                     "from COURSE/roster.toml, rules from COURSE/service.toml (see README); with "
                     "--jupyterhub, from the JupyterHub that runs it as one of its services.")
-    serve.add_argument("--course", type=Path, default=Path("."), metavar="DIR",
-                       help="the nbgrader course directory (default: the current directory)")
+    add_options(serve, "serve", "course")
     serve.add_argument("--host", default=SERVICE_HOST,
                        help="address to listen on (default %(default)s)")
     serve.add_argument("--port", type=_positive(int, zero=True), default=SERVICE_PORT,
@@ -122,46 +99,9 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--url", default=None, metavar="URL",
                        help="the address people open, for --issue-tokens' links (default: "
                             "http://HOST:PORT)")
-    serve.add_argument("--jobs", type=_positive(int), default=available_cores(), metavar="N",
-                       help="submissions graded at once (default: the number of cores, "
-                            "%(default)s here)")
-    serve.add_argument("--device", choices=DEVICE_CHOICES, default=default("device"),
-                       help="as for grade")
-    serve.add_argument("--scheduler", default=None, metavar="ADDRESS",
-                       help="grade on the workers of the Dask scheduler at ADDRESS, as grade "
-                            "--scheduler does (--jobs is not used: as many uploads at once as "
-                            "the workers had threads when the service started). The course "
-                            "and the service's files must be at the same paths on every "
-                            "machine (see README)")
-    serve.add_argument("--retries", type=_positive(int, zero=True), default=RETRIES,
-                       metavar="N", help="with --scheduler: as for grade (default %(default)s)")
-    serve.add_argument("--profile", choices=PROFILE_CHOICES, default=default("profile"),
-                       help="as for grade")
-    limits = ServiceLimits()
-    serve.add_argument("--max-connections", type=_positive(int), metavar="N",
-                       default=limits.max_connections,
-                       help="connections at once (default %(default)s, and no more than the "
-                            "open-files limit allows); past it, the oldest one still sending "
-                            "its headers is closed")
-    serve.add_argument("--header-timeout", type=_positive(float), metavar="SECONDS",
-                       default=limits.header_timeout,
-                       help="close a connection that has not sent a request's headers by then "
-                            "(or stays idle that long between requests; default %(default)g)")
-    serve.add_argument("--body-timeout", type=_positive(float), metavar="SECONDS",
-                       default=limits.body_timeout,
-                       help="drop an upload not received by then (default %(default)g)")
-    serve.add_argument("--max-cells", type=_positive(int), metavar="N",
-                       default=limits.max_cells,
-                       help="refuse a notebook of more cells (default %(default)s)")
-    serve.add_argument("--learner-jobs", type=_positive(int), metavar="N",
-                       default=limits.learner_jobs,
-                       help="uploads of one learner graded at once (default %(default)s)")
-    serve.add_argument("--learner-storage", type=_positive(float), metavar="MIB",
-                       default=limits.learner_bytes / MiB,
-                       help="MiB of files each learner's uploads may keep: the uploads and "
-                            "their executed copies (default %(default)g)")
-    add_time_limits(serve)
-    add_kernel_options(serve)
+    add_options(serve, "serve", "jobs", "device", "scheduler", "retries", "profile",
+                "max_connections", "header_timeout", "body_timeout", "max_cells",
+                "learner_jobs", "learner_storage", *TIME_LIMITS, *KERNEL_OPTIONS)
 
     submit = commands.add_parser(
         "submit", help="hand in a notebook to the course's submission service",
@@ -191,9 +131,7 @@ def parser() -> argparse.ArgumentParser:
     gradescope.add_argument("--out", type=Path, default=None, metavar="FILE.zip",
                             help="where to write the zip (default: "
                                  "_build/gradescope/NAME.zip in the course directory)")
-    gradescope.add_argument("--course", type=Path, default=Path("."), metavar="DIR",
-                            help="the course directory (default: the current directory)")
-    add_time_limits(gradescope)
+    add_options(gradescope, "gradescope", "course", *TIME_LIMITS)
 
     mutants = commands.add_parser(
         "mutants", help="find the rules of an assignment that no test checks (mutation analysis)",
@@ -204,55 +142,33 @@ def parser() -> argparse.ArgumentParser:
                     "does not justify.")
     mutants.add_argument("assignment", metavar="ASSIGNMENT",
                          help="the assignment (a folder of the course's source directory)")
-    mutants.add_argument("--course", type=Path, default=Path("."), metavar="DIR",
-                         help="the course directory (default: the current directory)")
-    mutants.add_argument("--jobs", type=_positive(int), default=available_cores(), metavar="N",
-                         help="mutants graded at once (default: one per core, %(default)s here)")
-    mutants.add_argument("--device", choices=DEVICE_CHOICES, default=default("device"),
-                         help="where the mutants run (default %(default)s)")
-    mutants.add_argument("--profile", choices=PROFILE_CHOICES, default=default("profile"),
-                         help="the notebooks' profile (default %(default)s)")
+    add_options(mutants, "mutants", "course", "jobs", "device", "profile")
     mutants.add_argument("--seeds", type=_positive(int), default=3, metavar="N",
                          help="copies of each mutant handed in, each graded with its own "
                               "TEST_SEED; a mutant is killed only if every copy loses points "
                               "(default %(default)s)")
-    add_time_limits(mutants)
-    add_kernel_options(mutants)
+    add_options(mutants, "mutants", *TIME_LIMITS, *KERNEL_OPTIONS)
+    for name, values in (defaults or {}).items():
+        commands.choices[name].set_defaults(**values)
     return top
 
 
-def add_time_limits(command: argparse.ArgumentParser) -> None:
-    command.add_argument("--timeout", type=_positive(float), default=default("notebook"),
-                         metavar="SECONDS", help="time limit per notebook (default %(default)g)")
-    command.add_argument("--cell-timeout", type=_positive(float), default=default("cell"),
-                         metavar="SECONDS", help="time limit per cell (default %(default)g)")
-
-
-def add_kernel_options(command: argparse.ArgumentParser) -> None:
-    command.add_argument("--kernel", choices=KERNELS, default=default("kernel"),
-                         help="fork kernels from a process with the imports done (default) or "
-                              "start each as a new interpreter")
-    command.add_argument("--memory", type=_positive(float), default=default("memory") / GiB,
-                         metavar="GIB", help="data memory per kernel in GiB (default "
-                         f"%(default)g); a kernel that holds more than this plus "
-                         f"{default('memory_margin') / GiB:g} GiB is stopped")
-    command.add_argument("--disk", type=_positive(float), default=default("disk") / GiB,
-                         metavar="GIB", help="all the files a kernel writes in its working "
-                         "directory, in GiB (default %(default)g)")
-    command.add_argument("--processes", type=_positive(int), default=default("processes"),
-                         metavar="N", help="processes and threads per kernel, all it starts "
-                         "included (default %(default)s)")
+def course_defaults(args: argparse.Namespace) -> Dict[str, object]:
+    """The defaults the course's nbgrader_config.py sets (c.Autograder.*, c.Execute.timeout)
+    for the command of ``args``, if it takes --course; ValueError for a wrong setting."""
+    from .options import COURSE_COMMANDS, config_defaults
+    if args.command not in COURSE_COMMANDS:
+        return {}
+    from .layout import Course
+    config = Course.discover(args.course).config
+    return config_defaults(args.command, config, str(Path(args.course) / "nbgrader_config.py"))
 
 
 def grade_options(args: argparse.Namespace, hidden=()):
     """The one options object, from the command line's words (``auto`` left for the
     runner to resolve)."""
-    from .options import GradeOptions, Limits
-    return GradeOptions(device=args.device, profile=args.profile, kernel=args.kernel,
-                        limits=Limits(cell=args.cell_timeout, notebook=args.timeout),
-                        memory=int(args.memory * GiB), disk=int(args.disk * GiB),
-                        processes=args.processes,
-                        hidden=tuple(str(Path(p).resolve()) for p in hidden))
+    from .options import grade_options as made
+    return made(vars(args), hidden=tuple(str(Path(p).resolve()) for p in hidden))
 
 
 def _quiet_libraries() -> None:
@@ -364,9 +280,8 @@ def run_check(args: argparse.Namespace) -> int:
     from .grade import LocalRunner
     try:
         with LocalRunner(1, args.kernel, spawner=spawner) as runner:
-            options = runner.resolve(grade_options(args))
-            report = check(notebook, source=args.source, options=options,
-                           spawner=runner.spawner)
+            report = check(notebook, source=args.source, options=grade_options(args),
+                           runner=runner)
     except ValueError as error:
         print(f"error: {args.notebook}: {error}", file=sys.stderr)
         return 2
@@ -385,12 +300,8 @@ def run_serve(args: argparse.Namespace) -> int:
         return 2
     from .service.db import DatabaseError
     try:
-        limits = ServiceLimits(max_connections=args.max_connections,
-                               header_timeout=args.header_timeout,
-                               body_timeout=args.body_timeout, max_cells=args.max_cells,
-                               learner_jobs=args.learner_jobs,
-                               learner_bytes=int(args.learner_storage * MiB),
-                               stuck_after=max(ServiceLimits.stuck_after, 2 * args.timeout))
+        from .options import service_limits
+        limits = service_limits(vars(args))
         service = Service(args.course, db=args.db, gradebook=args.gradebook,
                           hub=args.jupyterhub, behind_proxy=args.behind_proxy,
                           session_days=args.session_days, limits=limits)
@@ -456,12 +367,12 @@ def run_gradescope(args: argparse.Namespace) -> int:
     from .gradescope import build, describe
     from .grade import planned_tests
     from .layout import Course
-    from .options import CPU, Limits
+    from .options import CPU, Limits, fields_of
     try:
         course = Course.discover(args.course)
         out = args.out or course.root / "_build" / "gradescope" / f"{args.assignment}.zip"
         built = build(course, args.assignment, out,
-                      Limits(cell=args.cell_timeout, notebook=args.timeout))
+                      Limits(**fields_of("limits", vars(args))))
     except (FileNotFoundError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -498,8 +409,22 @@ def run_mutants(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def arguments(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    """The command line's words: a flag typed > the course's nbgrader_config.py > the
+    built-in default. ValueError for a wrong setting in nbgrader_config.py."""
     args = parser().parse_args(argv)
+    defaults = course_defaults(args)
+    if defaults:  # parsed again with the course's defaults: a flag typed still wins
+        args = parser({args.command: defaults}).parse_args(argv)
+    return args
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    try:
+        args = arguments(argv)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     _skip_unneeded_grammar()
     _quiet_libraries()
     if args.command == "grade":

@@ -71,7 +71,7 @@ def checked_and_graded(course_run):
         with LocalRunner(1, "fork", [paths[reference(0)]]) as runner:
             options = runner.resolve(GradeOptions(profile=CHECK_PROFILE))
             found[assignment] = {
-                student: (check(path, options=options, spawner=runner.spawner),
+                student: (check(path, options=options, runner=runner),
                           course_run.results(assignment, student))
                 for student, path in paths.items()}
     return found
