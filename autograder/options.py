@@ -3,7 +3,9 @@
 ``python -m autograder grade`` (here or on a Dask cluster) and ``python -m autograder
 check`` build one :class:`GradeOptions` and hand it to the one pipeline,
 :func:`autograder.grade.grade_submission`; the command line takes its defaults from the
-class, so no entry point can drift from another.
+class, so no entry point can drift from another. Each option the commands share is declared
+once, in :data:`OPTIONS`: the flags, :func:`grade_options`, :func:`service_limits` and the
+course's ``c.Autograder.*`` settings (:func:`config_defaults`) are all made from it.
 
 This module imports nothing heavy (the standard library, :mod:`.spawn`): the command line
 reads it before anything else.
