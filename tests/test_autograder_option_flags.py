@@ -6,7 +6,6 @@ subcommand's option strings, dest, default, choices, metavar, nargs, const and r
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
 import pytest
@@ -154,3 +153,20 @@ def test_accepted_values(words, ok, capsys):
     else:
         with pytest.raises(SystemExit):
             cli.parser().parse_args(words)
+
+
+@pytest.mark.parametrize("words", [["grade", "S", "--assignment", "a", "--out", "o"],
+                                   ["serve"], ["mutants", "a"]])
+def test_the_declared_defaults_are_the_classes_defaults(words):
+    from autograder.options import GradeOptions, ServiceLimits, service_limits
+    args = cli.parser().parse_args(words)
+    assert cli.grade_options(args) == GradeOptions()
+    if words[0] == "serve":
+        assert service_limits(vars(args)) == ServiceLimits()
+
+
+def test_check_keeps_its_quick_profile():
+    from autograder.options import CHECK_PROFILE
+    args = cli.parser().parse_args(["check", "nb.ipynb", "--memory", "0.5"])
+    options = cli.grade_options(args)
+    assert (options.profile, options.memory) == (CHECK_PROFILE, 512 * 1024 ** 2)
