@@ -215,7 +215,7 @@ def run_chapters(run: Run, site: Path, profile: str, hardware: dict,
         outcome = {0: "passed", None: "out of time"}.get(code, "failed")
         run.say(f"{page}: {outcome} in {seconds} s")
         return {"page": page, "outcome": outcome, "seconds": seconds, "ran_at": ran_at,
-                "succeeded": code == 0, "executed": executed if executed.exists() else None}
+                "executed": executed if executed.exists() else None}
 
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         results = list(pool.map(one, chapters()))  # in the book's order, whatever ran first
@@ -224,12 +224,13 @@ def run_chapters(run: Run, site: Path, profile: str, hardware: dict,
     with zipfile.ZipFile(run.out / "chapters.zip", "w", zipfile.ZIP_DEFLATED) as archive:
         for result in results:
             executed = result.pop("executed", None)
-            ran_at, succeeded = result.pop("ran_at", None), result.pop("succeeded", False)
+            ran_at = result.pop("ran_at", None)
             if executed is not None:
                 archive.write(executed, executed.name)
                 runs.append({"page": result["page"], "title": title(result["page"]),
                              "ran_at": ran_at, "seconds": result["seconds"],
-                             "succeeded": succeeded, **environment_of(printed(executed)),
+                             "succeeded": result["outcome"] == "passed",
+                             **environment_of(printed(executed)),
                              **hardware})
     failed = [r["page"] for r in results if r["outcome"] != "passed"]
     record = run.step("chapters", "passed" if not failed else "failed", started, profile=profile,
