@@ -189,13 +189,20 @@ class Chromium:
         return result["result"].get("value")
 
     def wait_until(self, expression: str, timeout: float = 30) -> Any:
+        """The first true value of ``expression``. An evaluation that fails (a redirect or a
+        reload replacing the page, an element not there yet) is tried again until ``timeout``."""
         deadline = time.monotonic() + timeout
+        last_error = None
         while time.monotonic() < deadline:
-            value = self.evaluate(expression)
+            try:
+                value = self.evaluate(expression)
+            except (RuntimeError, TimeoutError) as error:
+                value, last_error = None, error
             if value:
                 return value
             time.sleep(0.2)
-        raise TimeoutError(f"{expression} stayed false for {timeout} s")
+        raise TimeoutError(f"{expression} stayed false for {timeout} s"
+                           + (f"; last error: {last_error}" if last_error else ""))
 
     def screenshot(self, path: Path, full_page: bool = False) -> Path:
         params = {"format": "png"}

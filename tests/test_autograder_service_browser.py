@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import csv
 import io
-import time
 import urllib.request
 from pathlib import Path
 
@@ -43,17 +42,11 @@ def service(tmp_path_factory):
 def poll(chromium: Chromium, expression: str, timeout: float = 120.0):
     """The first true value of ``expression`` in the page, across navigations and the
     page's own reloads (an evaluation that meets a page being replaced is tried again)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            value = chromium.evaluate(expression)
-        except (RuntimeError, TimeoutError):
-            value = None
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"{expression} stayed false for {timeout} s; the page says: "
-                         + str(chromium.evaluate("document.body && document.body.innerText")))
+    try:
+        return chromium.wait_until(expression, timeout)
+    except TimeoutError as waited:
+        raise AssertionError(f"{waited}; the page says: "
+                             + str(chromium.evaluate("document.body && document.body.innerText")))
 
 
 def sign_in(chromium: Chromium, server, token: str, lands_on: str) -> None:
