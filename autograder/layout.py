@@ -27,7 +27,7 @@ DEFAULT_SOURCE_DIRECTORY = "solutions"
 MAX_NOTEBOOK_BYTES = 20 * 2**20  # larger submissions are refused, not parsed
 MAX_NOTEBOOK_DEPTH = 100  # JSON nested deeper is refused (Jupyter's own files nest < 20;
 #                           nbformat's validation recurses and would overflow the stack)
-# The instructor's justifications of equivalent mutants (autograder.mutants): beside the
+# The instructor's justifications of equivalent mutants (autograder.commands.mutants): beside the
 # notebook, never copied into a release, a kernel's working directory or a Gradescope zip.
 EQUIVALENT_MUTANTS = "equivalent_mutants.toml"
 IGNORED = re.compile(r"^(\.|__pycache__$|equivalent_mutants\.toml$)")  # .ipynb_checkpoints, caches

@@ -2,7 +2,7 @@
 
 ``python -m autograder grade`` (here or on a Dask cluster) and ``python -m autograder
 check`` build one :class:`GradeOptions` and hand it to the one pipeline,
-:func:`autograder.grade.grade_submission`; the command line takes its defaults from the
+:func:`autograder.pipeline.grade.grade_submission`; the command line takes its defaults from the
 class, so no entry point can drift from another. Each option the commands share is declared
 once, in :data:`OPTIONS`: the flags, :func:`grade_options`, :func:`service_limits` and the
 course's ``c.Autograder.*`` settings (:func:`config_defaults`) are all made from it.
@@ -18,7 +18,7 @@ from pathlib import Path
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
-from .spawn import KINDS
+
 
 GiB = 1024 ** 3
 MiB = 1024 ** 2
@@ -27,7 +27,7 @@ AUTO = "auto"                   # device or profile: decided by the runner (see 
 CPU, QUICK = "cpu", "quick"     # where a test that names no device runs, and how
 DEVICES = (CPU, "cuda")
 PROFILES = (QUICK, "full")
-KERNELS = KINDS                 # "fork": from a warm fork server; "fresh": new interpreters
+KERNELS = ("fork", "fresh")     # "fork": from a warm fork server; "fresh": new interpreters
 DEVICE_CHOICES = (AUTO, *DEVICES)
 PROFILE_CHOICES = (AUTO, *PROFILES)
 CHECK_PROFILE = QUICK         # `check`'s profile: a learner's answer in seconds

@@ -82,7 +82,7 @@ def make_course(base: Path, names: dict) -> Path:
 def seeds(course: Path, assignment: str, notebook: str, students: list) -> int | None:
     """How many different TEST_SEEDs the grader gives these submissions (None: not known)."""
     try:
-        from autograder.grade import test_seed
+        from autograder.pipeline.grade import test_seed
         from autograder.layout import Course
         source = Course.discover(course).source_notebooks(assignment)[notebook]
     except (ImportError, AttributeError, KeyError, TypeError):

@@ -233,13 +233,13 @@ def task_latency(address: str, count: int = 50) -> tuple:
 def checks_cost(course: Path, assignment: str, notebook: str, repeats: int = 20) -> tuple:
     """Median seconds of one submission's trusted checks (the instructor's solution, every
     split test) run in the grader's own process and in a forked process of their own."""
-    from autograder.checks import evidence_of, run_checks
-    from autograder.checks_process import run_checks_isolated
-    from autograder.execute import execute
-    from autograder.imports import kernel_preload
-    from autograder.spawn import ForkServer
+    from autograder.pipeline.checks import evidence_of, run_checks
+    from autograder.pipeline.checks_process import run_checks_isolated
+    from autograder.pipeline.execute import execute
+    from autograder.sandbox.imports import kernel_preload
+    from autograder.sandbox.spawn import ForkServer
     from autograder.layout import Course
-    from autograder.rebuild import rebuild
+    from autograder.pipeline.rebuild import rebuild
     source = Course.discover(course).source_notebooks(assignment)[notebook]
     submitted = course / "submitted" / next(
         p.name for p in sorted((course / "submitted").iterdir()) if p.name.endswith("_solution"))

@@ -42,10 +42,11 @@ def one_cell_notebook():
 
 
 def kernel_run(spawner, isolated: bool) -> float:
-    from autograder.execute import execute
-    from autograder.grade import run_dir
-    from autograder.cgroups import ResourceGroup
-    from autograder.policy import Policy, closed_folders, python_paths, shown_paths
+    from autograder.pipeline.execute import execute
+    from autograder.sandbox.workdir import run_dir
+    from autograder.sandbox.cgroups import ResourceGroup
+    from autograder.protocol import Policy, python_paths
+    from autograder.sandbox.policy import closed_folders, shown_paths
     workdir = Path(tempfile.mkdtemp(prefix="submission-", dir=run_dir()))
     group, sandbox = None, None
     if isolated:
@@ -79,8 +80,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=10)
     args = parser.parse_args()
-    from autograder.imports import KERNEL_MODULES
-    from autograder.spawn import ForkServer, FreshInterpreter
+    from autograder.sandbox.imports import KERNEL_MODULES
+    from autograder.sandbox.spawn import ForkServer, FreshInterpreter
     rows = []
     with ForkServer([*KERNEL_MODULES, "torch", "dlperf"]) as server:
         server.wait_ready()

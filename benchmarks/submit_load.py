@@ -4,7 +4,7 @@ The script builds a scratch copy of the course (the instructor's notebooks of on
 ``roster.toml`` with ``--learners`` learners and one instructor), issues everyone's token with
 ``python -m autograder serve --issue-tokens``, starts the real service on loopback
 (``python -m autograder serve --port 0 --jobs J``) and hands in from one thread per learner, with
-the functions ``python -m autograder submit`` uses (``upload`` and ``wait``, autograder/submit.py),
+the functions ``python -m autograder submit`` uses (``upload`` and ``wait``, autograder/commands/submit.py),
 the uploads spread at random over ``--spread`` seconds. The mix is that of a class: most hand in
 the reference answers (each signed with its student id, as benchmarks/assignment_throughput.py
 does, so each draws its own ``TEST_SEED``), some a wrong answer of tests/wrong_submissions, some
@@ -51,7 +51,7 @@ from grading_throughput import (add_keep_option, answer_cells, cpu_name,  # noqa
 from tests.assignments import ASSIGNMENTS, wrong_submissions  # noqa: E402
 from tests.service_server import ServiceProcess, issue_tokens  # noqa: E402
 
-from autograder.submit import SubmitError, upload, wait  # noqa: E402
+from autograder.commands.submit import SubmitError, upload, wait  # noqa: E402
 
 FASTEST = "ring_allreduce"  # the fastest to grade in the README's table of 1,000 copies
 INSTRUCTOR = "prof"

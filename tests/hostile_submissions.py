@@ -284,7 +284,7 @@ CASES = [
     Case("cheat_trace_hook", "a trace hook that skips the tests' code",
          trick="import sys\nsys.settrace(lambda *a: None)"),
     Case("cheat_fake_report", "replacing the grader's report function in the kernel",
-         trick="import autograder.evidence as ev\nev.emit = lambda *a, **k: None"),
+         trick="import autograder.kernel.evidence as ev\nev.emit = lambda *a, **k: None"),
     Case("cheat_network_ctypes", "network access and libc through ctypes",
          trick="import ctypes, os, socket\n"
                "try:\n    socket.create_connection(('127.0.0.1', 9), timeout=1)\n"

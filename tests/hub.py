@@ -7,7 +7,7 @@ Chromium); :func:`find_proxy` does the same from the test, so the suite installs
 needs itself and skips, saying why, only where npm is missing or fails.
 
 :class:`Hub` starts ``python -m jupyterhub`` on free loopback ports with a config that
-loads the README's example (``autograder/jupyterhub_config.example.py``) and then sets
+loads the README's example (``autograder/service/jupyterhub_config.example.py``) and then sets
 only what a test machine needs: where the course is, the ports, a dummy password, and a
 stand-in for a learner's Jupyter server (:mod:`tests.hub_server`).
 """
@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PROXY_VERSION = "5.3.0"  # configurable-http-proxy, the proxy JupyterHub's docs install
 PROXY_PREFIX = ROOT / "_build" / "hub-proxy"
 PROXY = PROXY_PREFIX / "node_modules" / ".bin" / "configurable-http-proxy"
-EXAMPLE = ROOT / "autograder" / "jupyterhub_config.example.py"
+EXAMPLE = ROOT / "autograder" / "service" / "jupyterhub_config.example.py"
 PASSWORD = "course-password"  # the DummyAuthenticator's one password for every test user
 
 

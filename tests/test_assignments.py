@@ -21,7 +21,7 @@ import nbformat
 import pytest
 import torch
 
-from autograder.checks import SEED_NAME, bound_names, setup_names, split_test
+from autograder.pipeline.checks import SEED_NAME, bound_names, setup_names, split_test
 from coursebook import assignments as course_assignments
 
 from tests.assignments import (ASSIGNMENTS, EXERCISES, HIDDEN, ROOT, SOLUTION_BLOCK, SOLUTIONS, WRONG,
@@ -176,7 +176,7 @@ def test_test_cells_split_into_probe_and_checks(assignment):
              and not nbgrader_meta(c).get("solution")]
     assert setup and re.search(r"^TEST_SEED = 0\b", setup[0].source, re.MULTILINE), (
         f"{where}: the first setup cell should set TEST_SEED = 0")
-    # What the autograder itself counts as known to the checks (autograder.checks).
+    # What the autograder itself counts as known to the checks (autograder.pipeline.checks).
     setup = setup_names("\n\n".join(c.source for c in setup))
     known = setup | set(dir(builtins)) | {SEED_NAME}
     learners = set()  # what the answer cells define at module level

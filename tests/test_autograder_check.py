@@ -1,10 +1,10 @@
-"""autograder.check: the learner's own test run (fast parts; the CLI tests run it for real)."""
+"""autograder.commands.check: the learner's own test run (fast parts; the CLI tests run it for real)."""
 from __future__ import annotations
 
 from pathlib import Path
 
-from autograder.check import CheckReport, edited_tests, has_code, render
-from autograder.judge import FAILED, HIDDEN_ONLY, PASSED, SKIPPED, TestResult
+from autograder.commands.check import CheckReport, edited_tests, has_code, render
+from autograder.pipeline.judge import FAILED, HIDDEN_ONLY, PASSED, SKIPPED, TestResult
 from tests.autograder_fixtures.submissions import grade_id, released
 
 

@@ -1,4 +1,4 @@
-"""autograder.checks: the trusted checks of each submission run in a process of their own."""
+"""autograder.pipeline.checks: the trusted checks of each submission run in a process of their own."""
 from __future__ import annotations
 
 import json
@@ -6,9 +6,9 @@ import threading
 
 import pytest
 
-from autograder.checks import run_checks
-from autograder.checks_process import ChecksSetupError, run_checks_isolated
-from autograder.spawn import ForkServer, FreshInterpreter
+from autograder.pipeline.checks import run_checks
+from autograder.pipeline.checks_process import ChecksSetupError, run_checks_isolated
+from autograder.sandbox.spawn import ForkServer, FreshInterpreter
 
 SETUP = "import torch\nTEST_SEED = 0\ndef double(x):\n    return 2 * x"
 

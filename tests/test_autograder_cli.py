@@ -11,7 +11,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograder.cli import parser
+from autograder.commands.cli import parser
 from tests.autograder_fixtures.submissions import (COURSE, CPU_MAX_SCORE, RELEASE, answered,
                                                    graded_cases, write)
 from tests.helpers import autograder

@@ -20,9 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from autograder.cluster import Cluster, grade_task
-from autograder.execute import Limits
-from autograder.grade import ERROR, GRADED, GradeOptions, SubmissionResult
+from autograder.runners.cluster import Cluster, grade_task
+from autograder.pipeline.execute import Limits
+from autograder.pipeline.grade import GradeOptions
+from autograder.pipeline.result import ERROR, GRADED, SubmissionResult
 from autograder.layout import Course, find_submissions
 from tests.autograder_fixtures.submissions import (COURSE, CPU_MAX_SCORE, GOOD_SQUARES, answered,
                                                    graded_cases, write)
@@ -209,20 +210,20 @@ def test_a_worker_that_cannot_see_the_submission_says_so(cluster, tmp_path):
 
 
 def _spec(sources):
-    from autograder.cluster import RunSpec, code_digest, support_digest
+    from autograder.runners.cluster import RunSpec, code_digest, support_digest
     return RunSpec(plugin="never-reached", code=code_digest(),
                    support={name: support_digest(s) for name, s in sources.items()})
 
 
 def test_scheduler_flags_and_no_dask_without_them():
-    from autograder.cli import parser
+    from autograder.commands.cli import parser
     args = parser().parse_args(["grade", "sub", "--assignment", "a", "--out", "o",
                                 "--scheduler", "tcp://10.0.0.5:8786", "--retries", "0"])
     assert (args.scheduler, args.retries) == ("tcp://10.0.0.5:8786", 0)
     args = parser().parse_args(["grade", "sub", "--assignment", "a", "--out", "o"])
     assert (args.scheduler, args.retries) == (None, 1)
-    code = ("import sys, autograder.cli, autograder.grade, autograder.report; "
-            "autograder.cli.parser(); print(sorted({'dask', 'distributed'} & set(sys.modules)))")
+    code = ("import sys, autograder.commands.cli, autograder.pipeline.grade, autograder.pipeline.report; "
+            "autograder.commands.cli.parser(); print(sorted({'dask', 'distributed'} & set(sys.modules)))")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                           env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=120)
     assert done.stdout.strip() == "[]", done.stdout + done.stderr[-2000:]
@@ -241,7 +242,7 @@ def test_unreachable_scheduler_is_a_usage_error(tmp_path):
 
 @pytest.mark.integration
 def test_cuda_without_gpu_workers_is_a_usage_error(cluster, tmp_path):
-    from autograder.cluster import ClusterError
+    from autograder.runners.cluster import ClusterError
     with Cluster(cluster.address) as connected:
         resolved = connected.resolve(GradeOptions())
         assert (resolved.device, resolved.profile) == ("cpu", "quick")

@@ -1,4 +1,4 @@
-"""autograder.evidence: what crosses from a learner's kernel to the trusted checks.
+"""autograder.kernel.evidence: what crosses from a learner's kernel to the trusted checks.
 
 A value of an allowed form (a subclass of a plain type: a named tuple where a tuple is
 asked, ``numpy.float64`` where a float is) crosses as its base type's value, and none of
@@ -14,8 +14,8 @@ from typing import NamedTuple
 import numpy as np
 import pytest
 
-from autograder.checks import Opaque, decode
-from autograder.evidence import encode
+from autograder.pipeline.checks import Opaque, decode
+from autograder.kernel.evidence import encode
 from tests.assignments import submission
 
 
@@ -98,7 +98,8 @@ def test_a_subclass_crosses_by_value_and_none_of_its_code_runs():
 def test_predict_measure_answers_in_the_allowed_forms_get_full_marks(tmp_path):
     """The task text asks for "a Python float" and "a tuple (seconds, bound)": numpy.float64
     is a float and a typing.NamedTuple a tuple, and nbgrader gives them full marks too."""
-    from autograder.grade import GRADED, LocalRunner
+    from autograder.pipeline.result import GRADED
+    from autograder.runners.local import LocalRunner
     from autograder.layout import Course, find_submissions
     from tests.assignments import (ROOT, SOLUTION, answer_cells, hand_in,
                                    solution_notebook)

@@ -1,4 +1,4 @@
-"""autograder.execute, .kernel_manager and .spawn: one kernel process per notebook, with limits.
+"""autograder.pipeline.execute, .kernel_manager and .spawn: one kernel process per notebook, with limits.
 
 These start real kernels (about a second each), on tiny notebooks that import nothing heavy.
 """
@@ -10,9 +10,10 @@ import time
 import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
-from autograder.execute import TIMEOUT_ENAME, Limits, execute
-from autograder.imports import imported_modules, notebook_imports
-from autograder.spawn import ForkServer, FreshInterpreter, fork_supported
+from autograder.pipeline.execute import Limits, execute
+from autograder.protocol import TIMEOUT_ENAME
+from autograder.sandbox.imports import imported_modules, notebook_imports
+from autograder.sandbox.spawn import ForkServer, FreshInterpreter, fork_supported
 from tests.autograder_fixtures.submissions import SOURCE
 
 KERNELS = ["fresh"] + (["fork"] if fork_supported() else [])
@@ -111,7 +112,7 @@ def test_forked_kernels_are_separate_processes(tmp_path, server):
 def test_fork_server_reports_what_it_could_not_import(server):
     assert "json" in server.preloaded
     assert "no_such_module_for_the_test" in server.failed
-    from autograder.device import cuda_available
+    from autograder.sandbox.device import cuda_available
     assert cuda_available(server) in (True, False)
 
 
@@ -155,7 +156,7 @@ def test_one_engine_serves_concurrent_runs_with_their_own_limits(tmp_path, serve
 
     from papermill.engines import papermill_engines
 
-    from autograder.execute import ENGINE
+    from autograder.pipeline.execute import ENGINE
     nb = notebook("print('x' * 20000)")
     done = {}
 

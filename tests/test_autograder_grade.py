@@ -1,4 +1,4 @@
-"""autograder.grade: one submission in, one result out; many submissions, one process each."""
+"""autograder.pipeline.grade: one submission in, one result out; many submissions, one process each."""
 from __future__ import annotations
 
 import os
@@ -7,13 +7,16 @@ from dataclasses import replace
 
 import pytest
 
-from autograder.confine import GROUP, USER, machine_layers
-from autograder.execute import Limits
-from autograder.device import cuda_available
-from autograder.grade import (ERROR, GRADED, INVALID, GradeOptions, LocalRunner, grade_submission,
-                              prepare_workdir)
-from autograder.spawn import FreshInterpreter
-from autograder.judge import PASSED, SKIPPED
+from autograder.protocol import GROUP, USER
+from autograder.sandbox.device import machine_layers
+from autograder.pipeline.execute import Limits
+from autograder.sandbox.device import cuda_available
+from autograder.pipeline.grade import GradeOptions, grade_submission
+from autograder.pipeline.result import ERROR, GRADED, INVALID
+from autograder.runners.local import LocalRunner
+from autograder.sandbox.workdir import prepare_workdir
+from autograder.sandbox.spawn import FreshInterpreter
+from autograder.pipeline.judge import PASSED, SKIPPED
 from autograder.layout import Course, find_submissions
 from tests.autograder_fixtures.submissions import (COURSE, CPU_MAX_SCORE, answered, graded_cases,
                                                    write)
@@ -120,7 +123,7 @@ def failing_sandboxes(monkeypatch, tmp_path, failures: int) -> list:
     """The first ``failures`` kernels of grade_submission are told to join a resource group
     that cannot be made and to require it (as under a transient failure); the policies
     it made are collected."""
-    import autograder.grade as grade
+    import autograder.pipeline.grade as grade
     made, real = [], grade.sandbox_policy
 
     def policy(*args, **kwargs):
@@ -160,8 +163,8 @@ def test_a_submission_is_never_run_with_less_isolation_than_required(monkeypatch
 def test_the_policy_requires_what_this_machine_gives(tmp_path, sources):
     """Every namespace the probe found, the resource group when there is one, and the
     change of user for a root grader."""
-    from autograder.cgroups import ResourceGroup
-    from autograder.grade import sandbox_policy
+    from autograder.sandbox.cgroups import ResourceGroup
+    from autograder.sandbox.workdir import sandbox_policy
     write(tmp_path, "ann", answered())
     submission = find_submissions(tmp_path, "demo")[0]
     group = ResourceGroup.create(2**30, 64)

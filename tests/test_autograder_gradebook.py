@@ -1,4 +1,4 @@
-"""autograder.gradebook: scores go into nbgrader's gradebook, and nbgrader reads them back."""
+"""autograder.pipeline.gradebook: scores go into nbgrader's gradebook, and nbgrader reads them back."""
 from __future__ import annotations
 
 import csv
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from autograder.grade import SubmissionResult
-from autograder.gradebook import GradebookWriter, db_url
-from autograder.judge import FAILED, MANUAL, PARTIAL, PASSED, SKIPPED, TestResult
+from autograder.pipeline.result import SubmissionResult
+from autograder.pipeline.gradebook import GradebookWriter, db_url
+from autograder.pipeline.judge import FAILED, MANUAL, PARTIAL, PASSED, SKIPPED, TestResult
 from autograder.layout import Course, Submission
 from tests.autograder_fixtures.submissions import COURSE
 

@@ -181,7 +181,7 @@ def test_setup_sh_takes_its_steps_in_order(built, tmp_path):
     assert torch and "https://download.pytorch.org/whl/cpu torch==" in torch[0]
     source = root / "source"
     assert log.index(torch[0]) < log.index(f"python -m pip install {source}/package[grader]")
-    assert log[-1].startswith("python -c import torch, dlperf, autograder.cli")
+    assert log[-1].startswith("python -c import torch, dlperf, autograder.commands.cli")
 
 
 def test_a_grader_that_cannot_start_still_gives_a_result(built, tmp_path):

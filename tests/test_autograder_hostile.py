@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.assignments import ROOT
-from autograder.cgroups import ResourceGroup
+from autograder.sandbox.cgroups import ResourceGroup
 from tests.hostile_submissions import ASSIGNMENT, CASES, NOTEBOOK, PROCESS_LIMIT, build
 
 pytestmark = pytest.mark.integration

@@ -1,13 +1,14 @@
-"""autograder.judge: each test cell's verdict from its own outputs (no kernels here)."""
+"""autograder.pipeline.judge: each test cell's verdict from its own outputs (no kernels here)."""
 from __future__ import annotations
 
 import nbformat
 from nbformat.v4 import new_code_cell, new_notebook, new_output
 
-from autograder.judge import (FAILED, MANUAL, NOT_RUN, PARTIAL, PASSED, SKIPPED, describe_error,
+from autograder.pipeline.judge import (FAILED, MANUAL, NOT_RUN, PARTIAL, PASSED, SKIPPED, describe_error,
                               judge, partial_credit)
-from autograder.execute import REPLY_KEY, TIMEOUT_ENAME, _record_reply
-from autograder.rebuild import ManualCell, TestCell
+from autograder.pipeline.execute import _record_reply
+from autograder.protocol import REPLY_KEY, TIMEOUT_ENAME
+from autograder.pipeline.rebuild import ManualCell, TestCell
 
 TRACEBACK = [
     "\x1b[0;31mAssertionError\x1b[0m  Traceback (most recent call last)",

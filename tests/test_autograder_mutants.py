@@ -1,4 +1,4 @@
-"""autograder.mutants and ``python -m autograder mutants``: mutation analysis for instructors."""
+"""autograder.commands.mutants and ``python -m autograder mutants``: mutation analysis for instructors."""
 from __future__ import annotations
 
 import shutil
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from autograder.mutants import (EQUIVALENT_FILE, Equivalent, classify, format_report,
+from autograder.commands.mutants import (EQUIVALENT_FILE, Equivalent, classify, format_report,
                                 mutants_of, read_equivalents, solution_code,
                                 solution_lines)
 from tests.autograder_fixtures.submissions import COURSE
@@ -110,7 +110,7 @@ def test_copies_differ_in_their_bytes_not_their_cells():
     import copy
     import nbformat
     from nbformat.v4 import new_code_cell, new_notebook
-    from autograder.mutants import another_copy
+    from autograder.commands.mutants import another_copy
     original = new_notebook(cells=[new_code_cell("x = 1")])
     made = lambda: copy.deepcopy(original)
     first, second = another_copy(made(), 0), another_copy(made(), 1)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from autograder import cli
+from autograder.commands import cli
 from autograder.options import available_cores
 
 PARSER = {'check': [((), 'notebook', None, None, 'NOTEBOOK', None, None, True),

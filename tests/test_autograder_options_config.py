@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from autograder import cli
+from autograder.commands import cli
 from autograder.options import default, service_limits
 from tests.autograder_fixtures.submissions import COURSE, answered, write
 from tests.helpers import autograder

@@ -1,4 +1,4 @@
-"""autograder.rebuild: the notebook that runs is the instructor's, plus the learner's answers."""
+"""autograder.pipeline.rebuild: the notebook that runs is the instructor's, plus the learner's answers."""
 from __future__ import annotations
 
 import copy
@@ -7,7 +7,7 @@ import nbformat
 import pytest
 
 from autograder.layout import SourceNotebook
-from autograder.rebuild import (CONTROL_TAGS, SKIP_WHEN_GRADING, grade_id_of, rebuild,
+from autograder.pipeline.rebuild import (CONTROL_TAGS, SKIP_WHEN_GRADING, grade_id_of, rebuild,
                                 visible_part)
 from tests.autograder_fixtures.submissions import (GOOD_MEAN, GOOD_SQUARES, SOURCE, answered,
                                                    grade_id, released, tampered)

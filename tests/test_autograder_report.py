@@ -1,4 +1,4 @@
-"""autograder.report: grades.csv, Gradescope's results.json, executed notebooks, summary."""
+"""autograder.pipeline.report: grades.csv, Gradescope's results.json, executed notebooks, summary."""
 from __future__ import annotations
 
 import csv
@@ -7,10 +7,10 @@ from pathlib import Path
 
 import nbformat
 
-from autograder.grade import SubmissionResult
-from autograder.judge import FAILED, MANUAL, PARTIAL, PASSED, SKIPPED, TestResult
+from autograder.pipeline.result import SubmissionResult
+from autograder.pipeline.judge import FAILED, MANUAL, PARTIAL, PASSED, SKIPPED, TestResult
 from autograder.layout import Submission
-from autograder.report import (CSV_COLUMNS, gradescope, summary, write_grades_csv,
+from autograder.pipeline.report import (CSV_COLUMNS, gradescope, summary, write_grades_csv,
                                write_submission)
 
 REQUIRED = ["student_id", "assignment", "notebook", "score", "max_score", "status", "message"]
@@ -60,7 +60,7 @@ def test_grades_csv_keeps_the_rows_of_other_notebooks(tmp_path):
 
 
 def test_csv_cells_never_start_like_a_formula():
-    from autograder.report import cell_text
+    from autograder.pipeline.report import cell_text
     for text in ("=1+1", "+1", "-1", "@SUM(A1)", "\tx", "\rx"):
         assert cell_text(text) == "'" + text
     assert cell_text("ann") == "ann" and cell_text("") == ""

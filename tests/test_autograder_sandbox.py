@@ -1,4 +1,4 @@
-"""Each layer of a kernel's isolation (autograder/confine.py, audit.py, cgroups.py), seen from inside the kernel.
+"""Each layer of a kernel's isolation (autograder/kernel/confine.py, audit.py, cgroups.py), seen from inside the kernel.
 
 A real kernel, confined the way the grader confines a submission's, reports what it sees;
 each test checks one layer on its own, so that one layer failing cannot hide behind
@@ -16,12 +16,13 @@ from pathlib import Path
 import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
-from autograder.execute import Limits, execute
-from autograder.grade import run_dir
-from autograder.cgroups import ResourceGroup, cgroup_places
-from autograder.confine import FILE_SYSTEM, GROUP, NETWORK, PROCESS_SPACE, machine_layers
-from autograder.policy import NOBODY, Policy, closed_folders, python_paths, shown_paths
-from autograder.spawn import fork_supported, open_spawner
+from autograder.pipeline.execute import Limits, execute
+from autograder.sandbox.workdir import run_dir
+from autograder.sandbox.cgroups import ResourceGroup, cgroup_places
+from autograder.protocol import FILE_SYSTEM, GROUP, NETWORK, NOBODY, PROCESS_SPACE, Policy, python_paths
+from autograder.sandbox.device import machine_layers
+from autograder.sandbox.policy import closed_folders, shown_paths
+from autograder.sandbox.spawn import fork_supported, open_spawner
 
 ISOLATING = sys.platform.startswith("linux") and os.geteuid() == 0
 
@@ -198,9 +199,18 @@ def test_the_probe_finds_no_namespace_for_an_unprivileged_user():
     import subprocess
     root = str(Path(__file__).resolve().parent.parent)
     # Imports first, as root: nobody may not enter the folder Python is installed in here.
+    import tempfile
+    handle, name = tempfile.mkstemp(dir="/tmp", prefix="layers-")  # a folder nobody may enter
+    os.close(handle)
+    answer = Path(name)
+    answer.chmod(0o666)
     code = (f"import os, shutil, sys, tempfile; sys.path.insert(0, {root!r}); "
-            "from autograder.confine import _libc, _probe_layers; _libc(); "
-            f"os.setgroups([]); os.setgid({NOBODY}); os.setuid({NOBODY}); _probe_layers()")
+            "from autograder.kernel.confine import _libc, probe_layers; _libc(); "
+            f"os.setgroups([]); os.setgid({NOBODY}); os.setuid({NOBODY}); "
+            f"probe_layers({str(answer)!r})")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60, cwd="/")
-    assert done.returncode == 0 and done.stdout.strip() == "", (done.stdout, done.stderr)
+    try:
+        assert done.returncode == 0 and answer.read_text() == "", (answer.read_text(), done.stderr)
+    finally:
+        answer.unlink()

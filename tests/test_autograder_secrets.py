@@ -23,9 +23,10 @@ from pathlib import Path
 
 import pytest
 
-from autograder.grade import GradeOptions, sandbox_policy
+from autograder.pipeline.grade import GradeOptions
+from autograder.sandbox.workdir import sandbox_policy
 from autograder.layout import Course, find_submissions
-from autograder.spawn import fork_supported, open_spawner
+from autograder.sandbox.spawn import fork_supported, open_spawner
 from tests import helpers
 from tests.autograder_fixtures.submissions import COURSE, answered, write
 
@@ -128,7 +129,7 @@ def passed_settings(text: str) -> dict:
 # ----------------------------------------------------------------- unit tests: the spawner
 
 def test_the_written_environment_is_the_allow_list():
-    from autograder.policy import ENVIRONMENT_NAMES, process_environment
+    from autograder.sandbox.policy import ENVIRONMENT_NAMES, process_environment
     grader = {"AUTOGRADER_TEST_SECRET": SECRET, "JUPYTERHUB_API_TOKEN": HUB_TOKEN,
               "AWS_SECRET_ACCESS_KEY": SECRET, "HOME": "/root", "PATH": "/usr/bin",
               "PYTHONPATH": str(ROOT), "CUDA_VISIBLE_DEVICES": "0", "LD_LIBRARY_PATH": "/x",
@@ -146,7 +147,7 @@ def test_the_written_environment_is_the_allow_list():
 def test_a_spawners_processes_never_hold_the_grader_environment(kind, tmp_path, monkeypatch):
     """Neither a started process's ``os.environ`` nor its ``/proc/self/environ`` (the fork
     server's, for a forked one), nor its parent's, holds what the grader's held."""
-    from autograder.policy import process_environment
+    from autograder.sandbox.policy import process_environment
     if kind == "fork" and not fork_supported():
         pytest.skip("no fork() here")
     for name, value in GRADER_ENV.items():
@@ -168,10 +169,10 @@ def test_every_command_opens_its_spawner_with_the_written_environment(monkeypatc
     """``grade``/``check``/``serve`` (the command line's spawner), a local runner and a Dask
     worker's plugin give their spawner the written environment, never their own."""
     import argparse
-    from autograder.cli import _open_spawner
-    from autograder.cluster import SpawnerPlugin
-    from autograder.grade import LocalRunner
-    from autograder.policy import process_environment
+    from autograder.commands.cli import _open_spawner
+    from autograder.runners.cluster import SpawnerPlugin
+    from autograder.runners.local import LocalRunner
+    from autograder.sandbox.policy import process_environment
     for name, value in GRADER_ENV.items():
         monkeypatch.setenv(name, value)
     plugin = SpawnerPlugin("fresh", [])
@@ -188,7 +189,7 @@ def test_every_command_opens_its_spawner_with_the_written_environment(monkeypatc
 # ----------------------------------------------------------- unit tests: the checkout
 
 def test_a_checkout_on_the_path_is_hidden_but_its_packages(tmp_path, monkeypatch):
-    from autograder.policy import NEVER_SHOWN, source_folders
+    from autograder.sandbox.policy import NEVER_SHOWN, source_folders
     monkeypatch.syspath_prepend(str(ROOT))
     assert str(ROOT) in source_folders()
     write(tmp_path, "ann", answered())
@@ -290,7 +291,7 @@ def test_a_checkout_on_pythonpath_shows_the_kernel_only_its_packages(graded):
 
 @pytest.mark.integration
 def test_serve_shows_no_secret(tmp_path):
-    from autograder.submit import multipart
+    from autograder.commands.submit import multipart
     from tests.service_server import ServiceProcess, issue_tokens
     import nbformat
     import urllib.request

@@ -30,10 +30,10 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograder.cli import main, parser
+from autograder.commands.cli import main, parser
 from autograder.service.config import ConfigError, Rules, read_roster, read_rules
 from autograder.service.db import DONE, GRADING, QUEUED, Store, fair_order
-from autograder.submit import multipart
+from autograder.commands.submit import multipart
 from tests.autograder_fixtures.submissions import COURSE, GOOD_SQUARES, answered, write
 from tests import helpers
 from tests.service_server import ServiceProcess, issue_tokens, sign_in
@@ -320,7 +320,7 @@ def queued_rows(server) -> list:
 def assert_phases_shown(page: str, db: Path) -> None:
     """The instructor page shows each graded upload's seconds per grading phase: all of
     them, adding up to no more than the seconds it took."""
-    from autograder.grade import PHASES
+    from autograder.pipeline.result import PHASES
     with sqlite3.connect(db) as connection:
         graded = connection.execute("SELECT id, seconds FROM submissions WHERE status = "
                                     "'graded' AND state = 'done'").fetchall()
@@ -595,7 +595,7 @@ def test_the_instructor_page_grades_csv_gradebook_and_regrade(service, alan_subm
     assert_phases_shown(page, server.course / "service.db")
     status, body = request(f"{server.url}/instructor/grades.csv", ada)
     rows = list(csv.DictReader(io.StringIO(body.decode())))
-    from autograder.report import CSV_COLUMNS
+    from autograder.pipeline.report import CSV_COLUMNS
     assert tuple(rows[0]) == CSV_COLUMNS
     scores = {(r["student_id"], r["assignment"]): float(r["score"]) for r in rows}
     assert scores[("alan", "demo")] == 8.0  # the last attempt counts

@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from autograder.submit import SubmitError, upload, wait
+from autograder.commands.submit import SubmitError, upload, wait
 from tests.accidents import ACCIDENTS, CELL_TIMEOUT, write
 from tests.assignments import ASSIGNMENTS, SOLUTIONS
 from tests.service_server import ROOT, ServiceProcess, issue_tokens

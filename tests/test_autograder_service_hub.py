@@ -4,7 +4,7 @@ The unit tests map hub user models to learners and instructors, read the ``[jupy
 table of service.toml and check that the README shows the example config as it is. The
 integration tests start ``python -m jupyterhub`` (pip's JupyterHub, npm's
 configurable-http-proxy: :mod:`tests.hub`) on loopback ports with that example config
-(``autograder/jupyterhub_config.example.py``), which runs the service as a managed hub
+(``autograder/service/jupyterhub_config.example.py``), which runs the service as a managed hub
 service over a copy of the fixture course, with no roster. Then its users drive it: a
 learner signs in at the hub's login page in Chromium, goes through the hub's OAuth to the
 service, hands in through the page's file input and reads the feedback. With HTTP
@@ -39,7 +39,7 @@ import pytest
 from autograder.service.config import (ConfigError, INSTRUCTOR, LEARNER, Person,
                                        ServiceConfig, read_hub)
 from autograder.service.auth import Refused
-from autograder.submit import multipart
+from autograder.commands.submit import multipart
 from tests.autograder_fixtures.submissions import COURSE, answered, write
 from tests.test_autograder_service import (OFF_BY_ONE, ROOT, roster_course, until,
                                            with_rules)
@@ -106,7 +106,7 @@ def test_a_bad_jupyterhub_table_is_a_clear_error(tmp_path, text, says):
 
 
 def test_serve_jupyterhub_off_a_hub_says_what_is_missing(tmp_path, capsys, monkeypatch):
-    from autograder.cli import main
+    from autograder.commands.cli import main
     for name in ("JUPYTERHUB_API_TOKEN", "JUPYTERHUB_SERVICE_URL"):
         monkeypatch.delenv(name, raising=False)
     course = roster_course(tmp_path)
@@ -129,7 +129,7 @@ def test_serve_jupyterhub_off_a_hub_says_what_is_missing(tmp_path, capsys, monke
 
 def test_submit_takes_the_hub_servers_token_or_says_it_has_none(tmp_path, capsys,
                                                                monkeypatch):
-    from autograder.cli import main, parser
+    from autograder.commands.cli import main, parser
     monkeypatch.setenv("JUPYTERHUB_API_TOKEN", "from-the-server")
     assert parser().parse_args(["submit", "nb.ipynb", "--to", "http://h/"]).token == \
         "from-the-server"
@@ -143,10 +143,10 @@ def test_submit_takes_the_hub_servers_token_or_says_it_has_none(tmp_path, capsys
 
 def test_the_example_config_is_what_the_readme_shows():
     readme = (ROOT / "README.md").read_text()
-    example = (ROOT / "autograder" / "jupyterhub_config.example.py").read_text()
+    example = (ROOT / "autograder" / "service" / "jupyterhub_config.example.py").read_text()
     shown = re.search(r"```python\n(# The submission service on a JupyterHub.*?)```", readme,
                       re.S)
-    assert shown, "the README shows autograder/jupyterhub_config.example.py"
+    assert shown, "the README shows autograder/service/jupyterhub_config.example.py"
     assert shown.group(1) == example
 
 

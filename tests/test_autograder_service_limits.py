@@ -28,7 +28,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograder.submit import SubmitError, multipart, upload as submit_upload
+from autograder.commands.submit import SubmitError, multipart, upload as submit_upload
 from tests.autograder_fixtures.submissions import COURSE, GOOD_MEAN, answered
 from tests.service_server import ServiceProcess, issue_tokens
 from tests.test_autograder_service import (OFF_BY_ONE, ROSTER, feedback, graded, request, until,

@@ -29,9 +29,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograder.cli import parser
+from autograder.commands.cli import parser
 from autograder.service.db import Store
-from autograder.submit import multipart
+from autograder.commands.submit import multipart
 from tests.autograder_fixtures.submissions import answered, write
 from tests.service_server import issue_tokens
 from tests.test_autograder_service import (Server, autograder, graded, request,
@@ -349,7 +349,7 @@ def test_a_refusal_names_the_learners_file_as_it_is(service):
 def test_the_readme_says_what_is_made(tmp_path):
     """grades.csv's columns, the session's lifetime, the Gradescope zip's size."""
     import zipfile
-    from autograder.report import CSV_COLUMNS
+    from autograder.pipeline.report import CSV_COLUMNS
     readme = " ".join((ROOT / "README.md").read_text().split())
     listed = re.search(r"`graded/grades\.csv` \(`([\w,]+)`", readme)
     assert listed and tuple(listed.group(1).split(",")) == CSV_COLUMNS, listed

@@ -1,4 +1,4 @@
-"""autograder.spawn: every process the grader needs is started by naming its target."""
+"""autograder.sandbox.spawn: every process the grader needs is started by naming its target."""
 from __future__ import annotations
 
 import os
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from autograder import spawn
-from autograder.spawn import ForkServer, FreshInterpreter, fork_supported, open_spawner
+from autograder.sandbox import spawn
+from autograder.sandbox.spawn import ForkServer, FreshInterpreter, fork_supported, open_spawner
 
 KINDS = ["fresh"] + (["fork"] if fork_supported() else [])
 
@@ -73,7 +73,7 @@ def test_targets_are_dotted_names():
 
 
 def test_the_cuda_probe_is_a_target(server):
-    from autograder.device import cuda_available
+    from autograder.sandbox.device import cuda_available
     from autograder.options import GradeOptions
     assert cuda_available(server) == cuda_available(FreshInterpreter()) in (True, False)
     resolved = GradeOptions().resolve(lambda: cuda_available(server))

@@ -18,8 +18,8 @@ import re
 import nbformat
 import pytest
 
-from autograder.check import check, has_code
-from autograder.grade import LocalRunner
+from autograder.commands.check import check, has_code
+from autograder.runners.local import LocalRunner
 from autograder.options import CHECK_PROFILE, GradeOptions
 from tests.assignments import (ASSIGNMENTS, HIDDEN, grade_cells, nbgrader_meta, release_notebook,
                                solution_notebook, submission, wrong_submissions)

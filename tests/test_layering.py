@@ -30,7 +30,7 @@ ALLOWED = {
 }
 OURS = set(ALLOWED)
 SCRIPTS = {path.stem for path in (ROOT / "scripts").glob("*.py")}  # imported from scripts/ by name
-TARGET = re.compile(r"^([A-Za-z_]\w*)(\.\w+)*:\w+$")  # "autograder.kernel_process:main"
+TARGET = re.compile(r"^([A-Za-z_]\w*)(\.\w+)*:\w+$")  # "autograder.kernel.process:main"
 
 
 def imported(path: Path) -> dict:
@@ -89,7 +89,7 @@ def test_the_chapters_import_only_dlperf():
 def test_the_detector_sees_every_kind_of_import(tmp_path):
     source = tmp_path / "sample.py"
     source.write_text("import dlperf.ddp\n\ndef f():\n    from tests.assignments import ROOT\n"
-                      "    from . import sibling\n    return 'autograder.kernel_process:main'\n"
+                      "    from . import sibling\n    return 'autograder.kernel.process:main'\n"
                       "import gpu_run\nimport torch\n")
     assert imported(source) == {"dlperf": 1, "tests": 4, "autograder": 6, "scripts": 7}
 

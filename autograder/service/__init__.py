@@ -4,6 +4,6 @@ notebook and read its feedback; instructors see every grade.
 ``config`` reads the course's ``roster.toml`` and ``service.toml``; ``db`` is its SQLite store
 (tokens, browsers' sessions, uploads, the fair queue); ``auth`` signs people in (the
 service's own tokens, or JupyterHub's); ``queue`` grades uploads on a runner through the one
-pipeline (:mod:`autograder.grade`); ``pages`` are its Tornado pages and ``app`` puts them
+pipeline (:mod:`autograder.pipeline.grade`); ``pages`` are its Tornado pages and ``app`` puts them
 together.
 """

@@ -48,13 +48,13 @@ import tornado.web
 from tornado import httputil
 from tornado.httpserver import HTTPServer
 
-from ..layout import (MAX_NOTEBOOK_BYTES, Course, TooManyCells, mebibytes, notebook_from_bytes,
+from autograder.layout import (MAX_NOTEBOOK_BYTES, Course, TooManyCells, mebibytes, notebook_from_bytes,
                      plural, too_big)
-from ..options import (SERVICE_DB, SERVICE_FD_PER_JOB, SERVICE_FD_RESERVE,
+from autograder.options import (SERVICE_DB, SERVICE_FD_PER_JOB, SERVICE_FD_RESERVE,
                       SERVICE_FORM_BYTES, SERVICE_SESSION_DAYS, ServiceLimits)
-from .auth import HubSignIn, TokenSignIn, hub_address
-from .config import ConfigError, Person, ServiceConfig  # noqa: F401 (ConfigError: cli)
-from .db import DONE, GRADING, QUEUED, Row, Store, when
+from autograder.service.auth import HubSignIn, TokenSignIn, hub_address
+from autograder.service.config import ConfigError, Person, ServiceConfig  # noqa: F401 (ConfigError: cli)
+from autograder.service.db import DONE, GRADING, QUEUED, Row, Store, when
 
 HOUR = 3600.0
 # query parameters that carry a secret: the sign-in link's token, an OAuth callback's code,
@@ -380,7 +380,7 @@ class Service:
         return counted
 
     def grades_csv(self) -> str:
-        from ..report import CSV_COLUMNS
+        from autograder.pipeline.report import CSV_COLUMNS
         out = io.StringIO()
         writer = csv.DictWriter(out, fieldnames=CSV_COLUMNS)
         writer.writeheader()
@@ -399,7 +399,7 @@ class Service:
     # running
 
     def application(self) -> tornado.web.Application:
-        from . import pages as pages
+        from autograder.service import pages as pages
         signin = self.signin
         routes = [(pattern, signin.page(handler))
                   for pattern, handler in pages.routes(signin.prefix)] + signin.own_routes()
@@ -423,7 +423,7 @@ class Service:
         return hub_address() if self.hub else (host, port)
 
     def run(self, runner, options, host: str, port: int) -> int:
-        from .queue import Graders
+        from autograder.service.queue import Graders
         self.graders = Graders(self.store, runner, self.course, self.sources, options,
                                self.config.rules, self.files, gradebook=self.gradebook,
                                on_change=self.changed, limits=self.limits)

@@ -28,9 +28,9 @@ import secrets
 from typing import Dict, List, Optional, Protocol, Tuple
 from urllib.parse import urlparse
 
-from ..options import SERVICE_SESSION_DAYS
-from .config import INSTRUCTOR, LEARNER, PERSON_ID, ConfigError, Person
-from .db import Store
+from autograder.options import SERVICE_SESSION_DAYS
+from autograder.service.config import INSTRUCTOR, LEARNER, PERSON_ID, ConfigError, Person
+from autograder.service.db import Store
 
 COOKIE = "autograder-session"   # a session's id (standalone sign-in)
 OLD_COOKIE = "autograder-service"  # what services before sessions kept: the token itself

@@ -38,7 +38,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from ..options import (SERVICE_ATTEMPTS_PER_HOUR, SERVICE_COUNTS, SERVICE_KEEP_FILES,
+from autograder.options import (SERVICE_ATTEMPTS_PER_HOUR, SERVICE_COUNTS, SERVICE_KEEP_FILES,
                       SERVICE_LATE)
 
 ROSTER, RULES = "roster.toml", "service.toml"

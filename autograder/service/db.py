@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
-from ..options import SERVICE_DB_BUSY, SERVICE_ID_BYTES
+from autograder.options import SERVICE_DB_BUSY, SERVICE_ID_BYTES
 
 QUEUED, GRADING, DONE = "queued", "grading", "done"
 

@@ -27,11 +27,11 @@ from tornado import httputil
 from tornado.escape import url_escape
 from tornado.ioloop import IOLoop
 
-from ..layout import MAX_NOTEBOOK_BYTES, too_big
-from ..options import SERVICE_FORM_OVERHEAD, SERVICE_LONG_POLL, SERVICE_REFRESH
-from .auth import Refused, bearer
-from .db import DONE, GRADING, QUEUED, when
-from ..submit import mark as test_mark, test_points
+from autograder.layout import MAX_NOTEBOOK_BYTES, too_big
+from autograder.options import SERVICE_FORM_OVERHEAD, SERVICE_LONG_POLL, SERVICE_REFRESH
+from autograder.service.auth import Refused, bearer
+from autograder.service.db import DONE, GRADING, QUEUED, when
+from autograder.feedback import mark as test_mark, test_points
 
 STYLE = ("body{font-family:system-ui,sans-serif;max-width:70rem;margin:1rem auto;padding:0 1rem}"
          "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:.2rem .5rem;"

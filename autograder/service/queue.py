@@ -2,9 +2,9 @@
 pipeline, exactly as ``python -m autograder grade`` does.
 
 Each upload becomes a :class:`~autograder.layout.Submission` and goes through the
-runner's ``grade``, one upload a call, ``jobs`` at a time: :class:`~autograder.grade.LocalRunner`
-(its sandbox, its spawner, :func:`~autograder.grade.grade_submission`) or, with ``serve
---scheduler``, :class:`~autograder.cluster.Cluster`, whose workers run the same function on
+runner's ``grade``, one upload a call, ``jobs`` at a time: :class:`~autograder.pipeline.grade.LocalRunner`
+(its sandbox, its spawner, :func:`~autograder.pipeline.grade.grade_submission`) or, with ``serve
+--scheduler``, :class:`~autograder.runners.cluster.Cluster`, whose workers run the same function on
 the upload at its path here (so they must see the service's files at the same path). Its results are written
 by :mod:`.report` into a folder of that upload's own; the attempt that counts goes into
 nbgrader's gradebook (:mod:`.gradebook`); then the row is committed ``done``. A service
@@ -31,10 +31,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
-from ..layout import Course, SourceNotebook, Submission
-from ..options import SERVICE_ERROR_BACKOFF, SERVICE_POLL, GradeOptions, ServiceLimits
-from .config import Rules
-from .db import DONE, Row, Store
+from autograder.layout import Course, SourceNotebook, Submission
+from autograder.options import SERVICE_ERROR_BACKOFF, SERVICE_POLL, GradeOptions, ServiceLimits
+from autograder.service.config import Rules
+from autograder.service.db import DONE, Row, Store
 
 TROUBLE = (OSError, sqlite3.Error)  # the disk's or the database's, not the upload's: retried
 
@@ -215,7 +215,7 @@ class Graders:
     def grade(self, row: Row, graded: Optional[Callable[[], None]] = None) -> None:
         """Grade one claimed row and commit its result (the one way a row gets one);
         ``graded`` is called once the grading is over, before its results are written."""
-        from ..report import csv_row, write_submission
+        from autograder.pipeline.report import csv_row, write_submission
         sources = self.sources[row.assignment]
         try:
             result = self.runner.grade([self.submission(row)], sources, self.options)[0]
@@ -271,8 +271,8 @@ class Graders:
         return removed
 
     def _failed(self, row: Row, message: str) -> None:
-        from ..grade import ERROR, SubmissionResult
-        from ..report import csv_row
+        from autograder.pipeline.result import ERROR, SubmissionResult
+        from autograder.pipeline.report import csv_row
         result = SubmissionResult(self.submission(row), ERROR, message)
         self.store.finish(row.id, status=ERROR, score=0.0, max_score=0.0, penalty=0.0,
                           message=message, seconds=0.0, csv_row=json.dumps(csv_row(result)))
@@ -289,7 +289,7 @@ class Graders:
             if rule == "best" and (counted.counted_score or 0.0, counted.attempt) > (
                     mine, row.attempt):
                 return
-        from ..gradebook import GradebookWriter
+        from autograder.pipeline.gradebook import GradebookWriter
         with self._gradebook_lock:
             # One writer for the service's life: opening nbgrader's gradebook (its engine,
             # its schema check) and registering the assignment took some 0.15 s per upload,

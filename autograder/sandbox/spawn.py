@@ -15,9 +15,10 @@ file. Two implementations of :class:`Spawner`:
 :func:`open_spawner` is where "fork or fresh?" is decided, once per run. A spawner is
 given the environment of the processes it starts (the fork server's own included), and
 never passes on its caller's: a grader's environment may hold secrets that the learner's
-code must not see (the grader writes one, :func:`autograder.policy.process_environment`).
+code must not see (the grader writes one, :func:`autograder.sandbox.policy.process_environment`).
 
-This module imports only the standard library: a fresh interpreter imports it first.
+This module imports only the standard library and :mod:`autograder.options` (plain
+declarations): a fresh interpreter imports it first.
 """
 from __future__ import annotations
 
@@ -33,8 +34,10 @@ import time
 from pathlib import Path
 from typing import Callable, Dict, Iterable, List, Optional, Protocol, Sequence
 
-PACKAGE_ROOT = Path(__file__).resolve().parent.parent
-KINDS = ("fork", "fresh")
+from autograder.options import KERNELS
+
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the folder that holds autograder/
+KINDS = KERNELS  # the spawners, as --kernel names them
 
 
 def fork_supported() -> bool:
@@ -119,7 +122,7 @@ def _environment(env: Optional[Dict[str, str]] = None) -> Dict[str, str]:
 # The package's root goes on sys.path here, not in the environment: the process gets
 # exactly the environment it was given.
 FRESH_BOOTSTRAP = ("import sys; sys.path.insert(0, {root!r}); "
-                   "from autograder.spawn import run_target; run_target(sys.argv[1], sys.argv[2:])")
+                   "from autograder.sandbox.spawn import run_target; run_target(sys.argv[1], sys.argv[2:])")
 
 
 class FreshInterpreter:
@@ -251,7 +254,7 @@ class ForkServer:
         # answers from NVML instead of initialising CUDA, which would not survive fork().
         env["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
         self.process = subprocess.Popen(
-            [sys.executable, "-c", "from autograder.forkserver import main; main()",
+            [sys.executable, "-c", "from autograder.sandbox.forkserver import main; main()",
              "--preload", ",".join(self.preload)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
             cwd=os.path.abspath(os.sep))

@@ -24,7 +24,8 @@ import urllib.request
 from pathlib import Path
 from typing import Optional, Tuple
 
-from .options import SERVICE_HTTP_TIMEOUT, SERVICE_LONG_POLL, SERVICE_POLL
+from autograder.feedback import MARKS, mark, test_points
+from autograder.options import SERVICE_HTTP_TIMEOUT, SERVICE_LONG_POLL, SERVICE_POLL
 
 
 CONTINUE_WAIT = 3.0  # seconds to wait for "100 Continue" before sending the body anyway
@@ -148,23 +149,6 @@ def wait(base: str, token: str, submission_id: str, timeout: float,
         if now == last:  # nothing changed, and quickly: a service that does not hold
             time.sleep(max(0.0, SERVICE_POLL - (time.monotonic() - asked)))
         last = now
-
-
-MARKS = {"passed": "PASS", "failed": "FAIL"}
-
-
-def mark(test: dict) -> str:
-    """PASS or FAIL for a test that counts, else what happened to it (SKIPPED, MANUAL)."""
-    return MARKS.get(test["status"], test["outcome"].upper() or "----")
-
-
-def test_points(test: dict) -> str:
-    """``1/2`` for a test that counts; ``-/1`` for one worth a point that is not at stake
-    in this grading (a GPU-only test on a CPU grader, a cell graded by hand), as
-    ``python -m autograder check`` shows it."""
-    if test["status"] in MARKS:
-        return f"{test['score']:g}/{test['max_score']:g}"
-    return f"-/{test.get('points', test['max_score']):g}"
 
 
 def render(data: dict) -> str:

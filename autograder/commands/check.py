@@ -1,6 +1,6 @@
 """``python -m autograder check NOTEBOOK``: a learner runs the visible tests on their work.
 
-The one grading pipeline (:func:`autograder.grade.grade_submission`: rebuild, a sandboxed
+The one grading pipeline (:func:`autograder.pipeline.grade.grade_submission`: rebuild, a sandboxed
 kernel of its own, the trusted checks in a process of their own, judge) on one notebook,
 with the quick profile by default, so that it answers in seconds and every visible test
 counts exactly as it will when the work is graded. The tests come from the released
@@ -15,12 +15,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional
 
-from .checks import parse
-from .grade import GRADED, LocalRunner, grade_submission
-from .judge import HIDDEN_ONLY, MANUAL, PARTIAL, PASSED, SKIPPED, TestResult
-from .layout import SourceNotebook, Submission, read_submission
-from .options import CHECK_PROFILE, GradeOptions
-from .rebuild import grade_id_of, is_test
+from autograder.pipeline.checks import parse
+from autograder.pipeline.grade import grade_submission
+from autograder.pipeline.result import GRADED
+from autograder.runners.local import LocalRunner
+from autograder.pipeline.judge import HIDDEN_ONLY, MANUAL, PARTIAL, PASSED, SKIPPED, TestResult
+from autograder.layout import SourceNotebook, Submission, read_submission
+from autograder.options import CHECK_PROFILE, GradeOptions
+from autograder.pipeline.rebuild import grade_id_of, is_test
 
 
 @dataclass
@@ -74,7 +76,7 @@ def check(notebook: Path, source: Optional[Path] = None,
     """Run the visible tests of ``notebook`` through the grading pipeline.
 
     ``ValueError`` when the file is not a notebook. ``runner`` (a
-    :class:`~autograder.grade.LocalRunner`; without one, one of its own of
+    :class:`~autograder.pipeline.grade.LocalRunner`; without one, one of its own of
     ``options.kernel``'s kind) resolves ``auto`` in ``options`` as ``grade``'s runners do,
     and its spawner runs the notebook.
     """

@@ -10,9 +10,9 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from .options import (SERVICE_HOST, SERVICE_PORT, SERVICE_SESSION_DAYS,
+from autograder.options import (SERVICE_HOST, SERVICE_PORT, SERVICE_SESSION_DAYS,
                       SERVICE_SUBMIT_WAIT, options_of)
-from .options import positive as _positive
+from autograder.options import positive as _positive
 
 KERNEL_OPTIONS = ("kernel", "memory", "disk", "processes")
 TIME_LIMITS = ("timeout", "cell_timeout")
@@ -156,10 +156,10 @@ def parser(defaults: Optional[Dict[str, Dict[str, object]]] = None
 def course_defaults(args: argparse.Namespace) -> Dict[str, object]:
     """The defaults the course's nbgrader_config.py sets (c.Autograder.*, c.Execute.timeout)
     for the command of ``args``, if it takes --course; ValueError for a wrong setting."""
-    from .options import COURSE_COMMANDS, config_defaults
+    from autograder.options import COURSE_COMMANDS, config_defaults
     if args.command not in COURSE_COMMANDS:
         return {}
-    from .layout import Course
+    from autograder.layout import Course
     config = Course.discover(args.course).config
     return config_defaults(args.command, config, str(Path(args.course) / "nbgrader_config.py"))
 
@@ -167,7 +167,7 @@ def course_defaults(args: argparse.Namespace) -> Dict[str, object]:
 def grade_options(args: argparse.Namespace, hidden=()):
     """The one options object, from the command line's words (``auto`` left for the
     runner to resolve)."""
-    from .options import grade_options as made
+    from autograder.options import grade_options as made
     return made(vars(args), hidden=tuple(str(Path(p).resolve()) for p in hidden))
 
 
@@ -178,17 +178,17 @@ def _quiet_libraries() -> None:
 
 
 def _assignment_notebooks(args: argparse.Namespace) -> List[Path]:
-    from .layout import Course
+    from autograder.layout import Course
     return sorted(Course.discover(args.course).assignment_path(args.assignment).glob("*.ipynb"))
 
 
 def _open_spawner(args: argparse.Namespace, notebooks: List[Path]):
-    """The run's spawner, opened before ``autograder.grade`` and its libraries are
+    """The run's spawner, opened before ``autograder.pipeline.grade`` and its libraries are
     imported: a fork server imports PyTorch meanwhile. The runner closes it. Its processes
     get the environment the grader writes, not this command's own (see :mod:`.policy`)."""
-    from .imports import kernel_preload
-    from .policy import process_environment
-    from .spawn import open_spawner
+    from autograder.sandbox.imports import kernel_preload
+    from autograder.sandbox.policy import process_environment
+    from autograder.sandbox.spawn import open_spawner
     return open_spawner(args.kernel, kernel_preload(notebooks), process_environment())
 
 
@@ -197,7 +197,7 @@ def run_grade(args: argparse.Namespace) -> int:
     starts its spawners first: a fork server imports while we import and prepare."""
     notebooks = _assignment_notebooks(args)
     if args.scheduler:
-        from .cluster import Cluster, ClusterError
+        from autograder.runners.cluster import Cluster, ClusterError
         try:
             with Cluster(args.scheduler, retries=args.retries, kernel=args.kernel,
                          notebooks=notebooks) as cluster:
@@ -206,14 +206,14 @@ def run_grade(args: argparse.Namespace) -> int:
             print(f"error: {error}", file=sys.stderr)
             return 2
     spawner = _open_spawner(args, notebooks)
-    from .grade import LocalRunner
+    from autograder.runners.local import LocalRunner
     with LocalRunner(args.jobs, args.kernel, spawner=spawner) as runner:
         return _grade(args, runner)
 
 
 def _grade(args: argparse.Namespace, runner) -> int:
-    from .layout import Course, find_submissions
-    from .report import status_counts, summary, write_grades_csv, write_submission
+    from autograder.layout import Course, find_submissions
+    from autograder.pipeline.report import status_counts, summary, write_grades_csv, write_submission
 
     try:
         course = Course.discover(args.course)
@@ -233,7 +233,7 @@ def _grade(args: argparse.Namespace, runner) -> int:
     options = runner.resolve(grade_options(args, hidden=hidden))
     writer = None
     if args.gradebook:
-        from .gradebook import GradebookWriter
+        from autograder.pipeline.gradebook import GradebookWriter
         writer = GradebookWriter(args.gradebook, course_id=course.course_id)
         writer.register_assignment(args.assignment, sources)
     out: Path = args.out
@@ -276,8 +276,8 @@ def _grade(args: argparse.Namespace, runner) -> int:
 def run_check(args: argparse.Namespace) -> int:
     notebook = Path(args.notebook)
     spawner = _open_spawner(args, [Path(args.source or notebook)])
-    from .check import check, render
-    from .grade import LocalRunner
+    from autograder.commands.check import check, render
+    from autograder.runners.local import LocalRunner
     try:
         with LocalRunner(1, args.kernel, spawner=spawner) as runner:
             report = check(notebook, source=args.source, options=grade_options(args),
@@ -291,16 +291,16 @@ def run_check(args: argparse.Namespace) -> int:
 
 def run_serve(args: argparse.Namespace) -> int:
     """Read the course's roster and rules (a clear error if they are wrong), then issue
-    tokens or serve, grading as ``grade`` does: on a :class:`~autograder.grade.LocalRunner`,
-    or with ``--scheduler`` on a Dask cluster (:class:`~autograder.cluster.Cluster`)."""
-    from .service.app import ConfigError, Service
+    tokens or serve, grading as ``grade`` does: on a :class:`~autograder.pipeline.grade.LocalRunner`,
+    or with ``--scheduler`` on a Dask cluster (:class:`~autograder.runners.cluster.Cluster`)."""
+    from autograder.service.app import ConfigError, Service
     if args.jupyterhub and args.issue_tokens is not None:
         print("error: --issue-tokens is for the standalone sign-in; on a JupyterHub the hub "
               "signs people in", file=sys.stderr)
         return 2
-    from .service.db import DatabaseError
+    from autograder.service.db import DatabaseError
     try:
-        from .options import service_limits
+        from autograder.options import service_limits
         limits = service_limits(vars(args))
         service = Service(args.course, db=args.db, gradebook=args.gradebook,
                           hub=args.jupyterhub, behind_proxy=args.behind_proxy,
@@ -319,7 +319,7 @@ def run_serve(args: argparse.Namespace) -> int:
             print(f"{person.id}\t{person.role}\t{base}/signin?token={token}")
         return 0
     if args.scheduler:
-        from .cluster import Cluster, ClusterError
+        from autograder.runners.cluster import Cluster, ClusterError
         try:
             with Cluster(args.scheduler, retries=args.retries, kernel=args.kernel,
                          notebooks=service.notebooks()) as cluster:
@@ -329,14 +329,14 @@ def run_serve(args: argparse.Namespace) -> int:
             print(f"error: {error}", file=sys.stderr)
             return 2
     spawner = _open_spawner(args, service.notebooks())
-    from .grade import LocalRunner
+    from autograder.runners.local import LocalRunner
     with LocalRunner(args.jobs, args.kernel, spawner=spawner) as runner:
         options = runner.resolve(grade_options(args, hidden=service.hidden()))
         return service.run(runner, options, args.host, args.port)
 
 
 def run_submit(args: argparse.Namespace) -> int:
-    from .submit import SubmitError, all_passed, render, upload, wait
+    from autograder.commands.submit import SubmitError, all_passed, render, upload, wait
     if not args.notebook.is_file():
         print(f"error: {args.notebook} is not a file", file=sys.stderr)
         return 2
@@ -364,10 +364,10 @@ def run_submit(args: argparse.Namespace) -> int:
 
 
 def run_gradescope(args: argparse.Namespace) -> int:
-    from .gradescope import build, describe
-    from .grade import planned_tests
-    from .layout import Course
-    from .options import CPU, Limits, fields_of
+    from autograder.commands.gradescope import build, describe
+    from autograder.pipeline.grade import planned_tests
+    from autograder.layout import Course
+    from autograder.options import CPU, Limits, fields_of
     try:
         course = Course.discover(args.course)
         out = args.out or course.root / "_build" / "gradescope" / f"{args.assignment}.zip"
@@ -391,8 +391,8 @@ def _skip_unneeded_grammar() -> None:
 
 
 def run_mutants(args: argparse.Namespace) -> int:
-    from .grade import LocalRunner
-    from .mutants import format_report, run_mutants as mutate
+    from autograder.runners.local import LocalRunner
+    from autograder.commands.mutants import format_report, run_mutants as mutate
     notebooks = _assignment_notebooks(args)
     if not notebooks:
         print(f"error: no assignment {args.assignment!r} with notebooks in the course",

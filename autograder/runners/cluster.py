@@ -2,10 +2,10 @@
 
 ``python -m autograder grade ... --scheduler ADDRESS`` connects to a running Dask scheduler
 (:class:`Cluster`) and sends it one task per submission (:meth:`Cluster.grade`). The task,
-:func:`grade_task`, runs on a worker and calls :func:`autograder.grade.grade_submission`
+:func:`grade_task`, runs on a worker and calls :func:`autograder.pipeline.grade.grade_submission`
 there -- the same call a local run makes -- so a submission still runs in a kernel process of
 its own, in a private working directory, under the same limits. Its
-:class:`~autograder.grade.SubmissionResult` travels back by pickle; ``grades.csv``, the
+:class:`~autograder.pipeline.grade.SubmissionResult` travels back by pickle; ``grades.csv``, the
 results, the executed notebooks and the gradebook are written here, by the client, exactly
 as a local run writes them. Nothing but grading happens on the workers.
 
@@ -45,13 +45,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Dict, Iterable, List, Optional
 
-from .grade import ERROR, GradeOptions, SubmissionResult, grade_submission
-from .imports import kernel_preload
-from .layout import SourceNotebook, Submission
-from .options import (KILLED_WORKER_ROUNDS, RETRIES, WORKERS_TIMEOUT, available_cores,
+from autograder.pipeline.grade import GradeOptions, grade_submission
+from autograder.pipeline.result import ERROR, SubmissionResult
+from autograder.sandbox.imports import kernel_preload
+from autograder.layout import SourceNotebook, Submission
+from autograder.options import (KILLED_WORKER_ROUNDS, RETRIES, WORKERS_TIMEOUT, available_cores,
                       default)
-from .policy import process_environment
-from .spawn import PACKAGE_ROOT, Spawner, open_spawner
+from autograder.sandbox.policy import process_environment
+from autograder.sandbox.spawn import PACKAGE_ROOT, Spawner, open_spawner
 
 GPU = "GPU"                # the worker resource a --device cuda task asks for
 
@@ -214,7 +215,7 @@ class SpawnerPlugin(_WorkerPluginBase):
     def setup(self, worker) -> None:
         _quiet_worker()
         # imports in the background; its processes get the environment the grader writes
-        # from the worker's (see autograder.policy), never the worker's own
+        # from the worker's (see autograder.sandbox.policy), never the worker's own
         self.spawner = open_spawner(self.kind, self.preload, process_environment())
 
     def teardown(self, worker) -> None:

@@ -6,8 +6,8 @@ the whole cell without them) is changed in one small way at a time -- an operato
 changed, a statement or a ``return`` dropped, a condition negated, two arguments
 swapped -- and every such *mutant* is handed in as a learner would hand it in: the
 released notebook with the instructor's answers typed in, one of them mutated. Each is
-graded with the one pipeline (:func:`autograder.grade.grade_submission`, on a
-:class:`~autograder.grade.LocalRunner`, in parallel like any submission). A mutant that
+graded with the one pipeline (:func:`autograder.pipeline.grade.grade_submission`, on a
+:class:`~autograder.pipeline.grade.LocalRunner`, in parallel like any submission). A mutant that
 still gets the reference answers' score *survives*: no test noticed the change, so either
 a rule of the task is not checked, or the mutant behaves exactly as the original (an
 *equivalent* mutant). The instructor marks the latter, with a reason, in
@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from .layout import EQUIVALENT_MUTANTS as EQUIVALENT_FILE
+from autograder.layout import EQUIVALENT_MUTANTS as EQUIVALENT_FILE
 SOLUTION_MARKER = re.compile(r"^[ \t]*### (BEGIN|END) SOLUTION[ \t]*\n?", re.MULTILINE)
 
 # Operators a mutant swaps in for another: each the mistake one keystroke away.
@@ -348,7 +348,7 @@ def format_report(report: MutationReport) -> str:
 def run_mutants(course_dir: Path, assignment: str, runner, options,
                 progress=None, seeds: int = 1) -> MutationReport:
     """Make every mutant of ``assignment``'s answer cells, grade ``seeds`` copies of each
-    (and of the reference answers) with ``runner`` (a :class:`~autograder.grade.LocalRunner`)
+    (and of the reference answers) with ``runner`` (a :class:`~autograder.pipeline.grade.LocalRunner`)
     and sort them. ``options`` as for ``grade``; the course and the mutants' folder are
     hidden from the kernels as ``grade`` hides them."""
     if seeds < 1:
@@ -359,7 +359,7 @@ def run_mutants(course_dir: Path, assignment: str, runner, options,
 
     import nbformat
 
-    from .layout import Course, find_submissions
+    from autograder.layout import Course, find_submissions
 
     start = time.perf_counter()
     course = Course.discover(course_dir)

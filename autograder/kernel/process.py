@@ -1,6 +1,6 @@
 """The target a spawner starts for a submission's kernel (it runs in the kernel's process).
 
-``autograder.kernel_process:main`` gets the sandbox policy (JSON, empty for none) and
+``autograder.protocol.KERNEL_TARGET`` (this module's :func:`main`) gets the sandbox policy (JSON, empty for none) and
 ipykernel's own arguments. It is the same whether the process was forked from the warm
 server or is a fresh interpreter.
 """
@@ -10,8 +10,6 @@ import json
 import os
 import sys
 
-TARGET = "autograder.kernel_process:main"
-
 def main(policy: str, *argv: str) -> None:
     # ipykernel exits when its parent is gone; the parent is whoever started us (the
     # grader, or the fork server), not the pid jupyter_client wrote into the environment.
@@ -20,8 +18,8 @@ def main(policy: str, *argv: str) -> None:
     if threads and "torch" in sys.modules:  # preloaded: it read the variable too early
         sys.modules["torch"].set_num_threads(int(threads))
     if policy:
-        from .confine import start_kernel
-        from .policy import Policy
+        from autograder.kernel.confine import start_kernel
+        from autograder.protocol import Policy
         start_kernel(Policy.from_dict(json.loads(policy)), list(argv))
         return
     from ipykernel.kernelapp import IPKernelApp

@@ -1,7 +1,7 @@
 """Judge each test cell of an executed notebook on its own: passed, failed or skipped.
 
 The evidence for a test is what its own cell did, as recorded in the executed notebook
-(:mod:`autograder.execute` runs every cell even after errors):
+(:mod:`autograder.pipeline.execute` runs every cell even after errors):
 
 * an ``error`` output means the test failed; its exception name and message (the
   failing assertion's text) are the feedback, plus the failing line for tests the
@@ -21,7 +21,7 @@ The evidence for a test is what its own cell did, as recorded in the executed no
   maximum.
 
 :func:`judge` is a pure function of the executed notebook and the test list from
-:mod:`autograder.rebuild`, so the evidence can come from elsewhere later (say, tests
+:mod:`autograder.pipeline.rebuild`, so the evidence can come from elsewhere later (say, tests
 run in a separate checker process) without changing what a verdict means.
 """
 from __future__ import annotations
@@ -32,9 +32,9 @@ from typing import Dict, Iterable, List, Optional
 
 import nbformat
 
-from .checks import CheckOutcome, evidence_of
-from .execute import TIMEOUT_ENAME, reply_status
-from .rebuild import ManualCell, TestCell
+from autograder.pipeline.checks import CheckOutcome, evidence_of
+from autograder.protocol import TIMEOUT_ENAME, reply_status
+from autograder.pipeline.rebuild import ManualCell, TestCell
 
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 ARROW = re.compile(r"^\s*-*>\s*\d+\s(.*)$")  # IPython's "----> 3 assert x == 1"

@@ -21,9 +21,9 @@ import warnings
 from pathlib import Path
 from typing import Dict
 
-from .grade import INVALID, SubmissionResult
-from .judge import MANUAL, SKIPPED
-from .layout import SourceNotebook
+from autograder.pipeline.result import INVALID, SubmissionResult
+from autograder.pipeline.judge import MANUAL, SKIPPED
+from autograder.layout import SourceNotebook
 
 DEFAULT_DB_URL = "sqlite:///gradebook.db"
 

@@ -22,7 +22,7 @@ import builtins
 import json
 import math
 
-MIME = "application/vnd.autograder.evidence+json"
+from autograder.protocol import EVIDENCE_MIME as MIME
 MAX_BYTES = 8 * 1024 * 1024  # a report larger than this is refused, not sent
 MAX_DEPTH = 20
 

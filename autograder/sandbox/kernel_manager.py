@@ -1,11 +1,11 @@
 """jupyter_client's side of a submission's kernel: a kernel manager class that papermill
-and nbclient instantiate, whose kernel process a :class:`~autograder.spawn.Spawner` starts.
+and nbclient instantiate, whose kernel process a :class:`~autograder.sandbox.spawn.Spawner` starts.
 
 :func:`manager_class` binds one :class:`KernelLaunch` (working directory, environment,
 sandbox policy, log) to a kernel manager; its provisioner hands jupyter_client's command
-line to the spawner as the target :data:`autograder.kernel_process.TARGET`, so a forked
+line to the spawner as the target :data:`autograder.protocol.KERNEL_TARGET`, so a forked
 and a fresh kernel start the same way, with the environment the grader writes
-(:func:`autograder.policy.process_environment` and the launch's own), never its own. The
+(:func:`autograder.sandbox.policy.process_environment` and the launch's own), never its own. The
 launch records the process so a watchdog can kill it when the notebook's time is up.
 """
 from __future__ import annotations
@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from .kernel_process import TARGET
-from .policy import process_environment
-from .processes import kill_all
-from .spawn import Spawner
+from autograder.protocol import KERNEL_TARGET
+from autograder.sandbox.policy import process_environment
+from autograder.sandbox.processes import kill_all
+from autograder.sandbox.spawn import Spawner
 
 
 def _provisioner_class():
@@ -42,7 +42,7 @@ def _provisioner_class():
             cwd = str(kwargs.get("cwd") or os.getcwd())
             launch: KernelLaunch = self.launch
             self.process = launch.spawner.start(
-                TARGET, json.dumps(launch.sandbox) if launch.sandbox else "", *argv,
+                KERNEL_TARGET, json.dumps(launch.sandbox) if launch.sandbox else "", *argv,
                 cwd=cwd, env=dict(kwargs["env"]), stderr=launch.log)
             self.pid = self.process.pid
             self.pgid = self.pid  # it has a session of its own

@@ -11,7 +11,7 @@ import os
 import sys
 from typing import Optional
 
-from .policy import Policy, python_paths, within_any
+from autograder.protocol import Policy, python_paths, within_any
 
 
 class SandboxViolation(PermissionError):

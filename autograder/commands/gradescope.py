@@ -8,7 +8,7 @@ Gradescope's "Configure Autograder" page takes. It holds:
   course's pins (also listed in ``requirements.txt``), then the course's package from
   ``package/``, in a virtual environment at :data:`VENV`;
 * ``run_autograder``: run for each submission; it calls :func:`run` (``python -m
-  autograder.gradescope ROOT``), which lays the upload out as ``submitted/<student>/<NAME>/``
+  autograder.commands.gradescope ROOT``), which lays the upload out as ``submitted/<student>/<NAME>/``
   and grades it with ``python -m autograder grade``, the same pipeline and sandbox as
   everywhere, then writes ``ROOT/results/results.json``;
 * ``package/`` (``pyproject.toml`` and the packages it ships), ``course/`` (the course's
@@ -37,8 +37,8 @@ import zipfile
 from pathlib import Path
 from typing import Dict, List, Tuple
 
-from .layout import IGNORED, Course, plural
-from .options import COPY_BUDGET, GRADESCOPE_FILE_LIMIT, GRADESCOPE_ZIP_LIMIT, Limits
+from autograder.layout import IGNORED, Course, plural
+from autograder.options import COPY_BUDGET, GRADESCOPE_FILE_LIMIT, GRADESCOPE_ZIP_LIMIT, Limits
 
 MANIFEST = "gradescope.json"
 PACKAGE, COURSE = "package", "course"   # the zip's folders
@@ -80,7 +80,7 @@ apt-get install -y --no-install-recommends "$PYTHON-venv" || true
 "$VENV/bin/python" -m pip install --index-url @TORCH_INDEX@ @TORCH@
 "$VENV/bin/python" -m pip install @PACKAGES@
 "$VENV/bin/python" -m pip install "$SOURCE/@PACKAGE@[grader]"
-"$VENV/bin/python" -c "import torch, dlperf, autograder.cli; print('grader ready, PyTorch', torch.__version__)"
+"$VENV/bin/python" -c "import torch, dlperf, autograder.commands.cli; print('grader ready, PyTorch', torch.__version__)"
 """
 
 RUN_AUTOGRADER = r"""#!/usr/bin/env bash
@@ -95,7 +95,7 @@ mkdir -p "$ROOT/results"
 rm -f "$RESULTS"
 # The grader of the zip's copy (the files setup.sh installed)
 export PYTHONPATH="$ROOT/source/@PACKAGE@${PYTHONPATH:+:$PYTHONPATH}"
-"$PYTHON" -m autograder.gradescope "$ROOT"
+"$PYTHON" -m autograder.commands.gradescope "$ROOT"
 status=$?
 if [ ! -s "$RESULTS" ]; then  # the grader did not even start: still a result, saying so
     printf '{"score": 0, "output": "%s", "tests": []}\n' "The autograder failed before it \

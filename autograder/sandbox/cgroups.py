@@ -1,7 +1,7 @@
 """In the grader: a resource group (cgroup, v1 ``memory`` and ``pids`` or v2) for each
 kernel, which bounds the memory and the processes of the kernel and everything it starts,
 reports their peaks, and kills what is left in it when closed. The kernel joins it from
-its own process (:func:`autograder.confine.confine`).
+its own process (:func:`autograder.kernel.confine.confine`).
 """
 from __future__ import annotations
 

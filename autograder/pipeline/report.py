@@ -20,8 +20,8 @@ from typing import Iterable, List, Sequence
 
 import nbformat
 
-from .grade import STATUSES, SubmissionResult
-from .judge import FAILED, NOT_RUN, PARTIAL, PASSED, SKIPPED
+from autograder.pipeline.result import STATUSES, SubmissionResult
+from autograder.pipeline.judge import FAILED, NOT_RUN, PARTIAL, PASSED, SKIPPED
 
 CSV_COLUMNS = ("student_id", "assignment", "notebook", "score", "max_score", "status",
                "message", "tests_passed", "tests_failed", "tests_skipped", "skipped_points",

@@ -3,7 +3,7 @@ rules it is made with (which folders to cover, which paths inside them to show a
 the environment every process the grader starts for a submission gets
 (:func:`process_environment`).
 
-The grader builds a policy for each kernel (:func:`autograder.grade.sandbox_policy`); the
+The grader builds a policy for each kernel (:func:`autograder.pipeline.grade.sandbox_policy`); the
 kernel's process reads it back (:mod:`.confine`, :mod:`.audit`). Plain data and path
 arithmetic only.
 """
@@ -11,20 +11,17 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Iterable, List, Mapping, Optional, Tuple
 
-from .options import KERNEL_CPU_SECONDS, KERNEL_OPEN_FILES, default
-from .spawn import PACKAGE_ROOT
-
-NOBODY = 65534  # the user and group a kernel of a root grader runs as
+from autograder.protocol import inside, python_paths, within_any
+from autograder.sandbox.spawn import PACKAGE_ROOT
 
 # The environment of a kernel (and of the fork server it is forked from, the checks
 # process, the CUDA probe) is written by the grader, never inherited: the grader's own may
 # hold secrets (a hub's API token, a cloud key of the shell that started it). From the
 # grader's environment only these pass, what Python, PyTorch, CUDA and the BLAS and OpenMP
-# libraries read; :func:`autograder.grade.kernel_environment` adds the kernel's own.
+# libraries read; :func:`autograder.pipeline.grade.kernel_environment` adds the kernel's own.
 ENVIRONMENT_NAMES = (
     "PATH", "LANG", "LANGUAGE", "TZ",
     "LD_LIBRARY_PATH",  # where CUDA's and other native libraries are found
@@ -49,36 +46,6 @@ NEVER_SHOWN = ("tests", "test", "testing", "conftest", "setup", "noxfile", "solu
                "source", "nbgrader_config", "jupyterhub_config")
 
 
-@dataclass(frozen=True)
-class Policy:
-    """What a learner's kernel may use. Sizes in bytes, times in seconds."""
-    workdir: str
-    memory: int = default("memory")        # RLIMIT_DATA: heap and private memory
-    file_size: int = default("file_size")  # RLIMIT_FSIZE: the largest file it may write
-    cpu_seconds: int = KERNEL_CPU_SECONDS  # RLIMIT_CPU: a last resort behind wall-clock limits
-    open_files: int = KERNEL_OPEN_FILES    # RLIMIT_NOFILE
-    disk: int = default("disk")            # size of the tmpfs holding the working directory
-    hidden: Tuple[str, ...] = ()   # folders to cover with an empty read-only file system
-    shown: Tuple[str, ...] = ()    # paths inside hidden folders to show again, read-only
-    preload: Tuple[str, ...] = ()  # modules to import before confining (they may need
-    #                                to load native libraries, which the learner may not)
-    sockets: str = ""              # a folder for the kernel's Unix sockets (writable)
-    cgroups: Tuple[str, ...] = ()  # the cgroup folders to join (see ResourceGroup)
-    user: int = NOBODY             # run as this user and group when started as root
-    required: Tuple[str, ...] = ()  # layers (confine.LAYER_NOTES) without which the kernel must
-    #                                 not start: those this machine gives every kernel
-
-    LISTS = ("hidden", "shown", "preload", "cgroups", "required")
-
-    def to_dict(self) -> dict:
-        return {name: list(value) if name in self.LISTS else value
-                for name, value in self.__dict__.items()}
-
-    @classmethod
-    def from_dict(cls, data: dict) -> "Policy":
-        return cls(**{**data, **{key: tuple(data.get(key, ())) for key in cls.LISTS}})
-
-
 def passes(name: str) -> bool:
     """Whether a variable of the grader's environment passes to the processes it starts
     for a submission (see :data:`ENVIRONMENT_NAMES`)."""
@@ -91,13 +58,6 @@ def process_environment(source: Optional[Mapping[str, str]] = None) -> Dict[str,
     else of it."""
     source = os.environ if source is None else source
     return {name: value for name, value in source.items() if passes(name)}
-
-
-def python_paths() -> List[str]:
-    """What a kernel imports from: the interpreter's prefixes and every ``sys.path`` folder."""
-    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix}
-    paths.update(p for p in sys.path if p and os.path.isdir(p))
-    return sorted({os.path.realpath(p) for p in paths})
 
 
 def _installation_folders() -> List[str]:
@@ -128,7 +88,7 @@ def source_folders() -> List[str]:
         if within_any(folder, installation) or "site-packages" in parts \
                 or "dist-packages" in parts:
             continue
-        if folder == os.sep or _inside(os.path.realpath(sys.base_prefix), folder):
+        if folder == os.sep or inside(os.path.realpath(sys.base_prefix), folder):
             continue  # hiding it would hide the interpreter
         found.append(folder)
     return found
@@ -169,14 +129,6 @@ def import_paths(sources: Iterable[str]) -> List[str]:
     return sorted(set(paths))
 
 
-def _inside(path: str, folder: str) -> bool:
-    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
-
-
-def within_any(path: str, folders) -> bool:
-    return any(_inside(path, folder) for folder in folders)
-
-
 def shown_paths(hidden: Iterable[str], wanted: Iterable[str]) -> Tuple[str, ...]:
     """The ``wanted`` paths that a hidden folder would cover (and must be shown again),
     minus any that would show a hidden folder itself (say, a course root on sys.path)."""
@@ -184,7 +136,7 @@ def shown_paths(hidden: Iterable[str], wanted: Iterable[str]) -> Tuple[str, ...]
     shown = set()
     for path in wanted:
         path = os.path.realpath(path)
-        if any(_inside(h, path) for h in hidden):
+        if any(inside(h, path) for h in hidden):
             continue  # showing it would show a hidden folder
         if within_any(path, hidden) and os.path.exists(path):
             shown.add(path)

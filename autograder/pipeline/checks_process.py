@@ -1,5 +1,5 @@
 """Run one submission's trusted checks in a process of their own, started by the run's
-spawner (target :func:`autograder.checks.serve_request`).
+spawner (target :func:`autograder.pipeline.checks.serve_request`).
 
 A process of its own for each submission, so whatever process-wide state the instructor's
 checks change (PyTorch's global generator, default dtype, threads, module attributes)
@@ -7,7 +7,7 @@ dies with it and no other submission's checks see it. Request and outcomes trave
 two files in the grader's run folder.
 
 Its environment is the spawner's, the one the grader writes for a submission's processes
-(:func:`autograder.policy.process_environment`), not the grader's own: it runs no learner
+(:func:`autograder.sandbox.policy.process_environment`), not the grader's own: it runs no learner
 code, but what the checks print and the values their messages quote go into the feedback,
 and nothing it needs is secret.
 """
@@ -21,11 +21,11 @@ import tempfile
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from .checks import CheckOutcome
-from .options import CHECKS_START_MARGIN
-from .spawn import Spawner
+from autograder.protocol import CHECKS_TARGET
+from autograder.pipeline.checks import CheckOutcome
+from autograder.options import CHECKS_START_MARGIN
+from autograder.sandbox.spawn import Spawner
 
-TARGET = "autograder.checks:serve_request"
 
 
 class ChecksSetupError(RuntimeError):
@@ -41,7 +41,7 @@ def _run_process(request: dict, folder: str, spawner: Spawner) -> Tuple[List[dic
     open(result_path, "w").close()
     deadline = time.monotonic() + CHECKS_START_MARGIN + request["timeout"] * len(request["tests"])
     try:
-        process = spawner.start(TARGET, request_path, result_path)
+        process = spawner.start(CHECKS_TARGET, request_path, result_path)
         ended = "ended before giving its verdict (it crashed)"
         try:
             process.wait(timeout=max(0.0, deadline - time.monotonic()))
@@ -63,7 +63,7 @@ def _run_process(request: dict, folder: str, spawner: Spawner) -> Tuple[List[dic
 def run_checks_isolated(setup_code: str, seed: int,
                         tests: Sequence[Tuple[str, str, Optional[str]]], *, timeout: float,
                         folder: str, spawner: Spawner) -> Dict[str, CheckOutcome]:
-    """Outcomes by grade id, as :func:`autograder.checks.run_checks` gives them, from a
+    """Outcomes by grade id, as :func:`autograder.pipeline.checks.run_checks` gives them, from a
     process of their own that ``spawner`` starts.
 
     Each test's checks get ``timeout`` seconds; a test whose checks hang or crash the

@@ -11,6 +11,8 @@ import json
 from pathlib import Path
 from typing import Iterable, List
 
+from autograder.protocol import EVIDENCE_MODULE, TARGETS
+
 # Worth preloading for any kernel: what every Python kernel imports at start-up.
 KERNEL_MODULES = (
     "ipykernel.kernelapp", "ipykernel.ipkernel", "ipykernel.zmqshell", "ipykernel.debugger",
@@ -21,10 +23,10 @@ KERNEL_MODULES = (
 )
 
 
-# The grader's own targets (kernel, checks, CUDA probe): imported once in the server, not
-# in every child.
-TARGET_MODULES = ("autograder.kernel_process", "autograder.confine", "autograder.checks",
-                  "autograder.device")
+# The grader's own targets (kernel, checks, probes) and what a kernel imports of the package:
+# imported once in the server, not in every child.
+TARGET_MODULES = tuple(dict.fromkeys(
+    [target.partition(":")[0] for target in TARGETS] + ["autograder.kernel.confine", EVIDENCE_MODULE]))
 
 
 def kernel_preload(notebooks: Iterable[Path]) -> List[str]:

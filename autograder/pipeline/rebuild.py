@@ -46,8 +46,8 @@ from typing import Dict, List, Optional
 import nbformat
 from nbformat.v4 import new_notebook
 
-from .checks import SEED_NAME, assigns_seed, probe_source, setup_names, split_test
-from .options import CPU, DEVICES, PROFILES, QUICK
+from autograder.pipeline.checks import SEED_NAME, assigns_seed, probe_source, setup_names, split_test
+from autograder.options import CPU, DEVICES, PROFILES, QUICK
 
 GPU_SUFFIX = "_gpu"
 HIDDEN_BEGIN, HIDDEN_END = "BEGIN HIDDEN TESTS", "END HIDDEN TESTS"
@@ -236,7 +236,7 @@ def _python(source: str):
     rewritten, the line of a cell magic whose body is Python dropped), or ``None``."""
     from IPython.core.inputtransformer2 import TransformerManager
 
-    from .checks import parse
+    from autograder.pipeline.checks import parse
     lines = source.replace("\r\n", "\n").split("\n")
     if lines and lines[0].split(" ")[0].strip() in PYTHON_CELL_MAGICS:
         lines = lines[1:]
@@ -252,7 +252,7 @@ def top_level_names(source: str) -> Optional[Dict[str, str]]:
     own rewriting of magics and shell commands (``%time``, ``!pip``)."""
     import ast
 
-    from .checks import bound_names
+    from autograder.pipeline.checks import bound_names
     tree = _python(source)
     if tree is None:
         return None

@@ -5,7 +5,7 @@ A submission's kernel is one process (see :mod:`.kernel_process`). Before it run
 the learner's, :func:`confine` turns it into a process that
 
 * lives in a **resource group of its own** (a cgroup the grader made for it, see
-  :class:`autograder.cgroups.ResourceGroup`): the memory and the number of processes and
+  :class:`autograder.sandbox.cgroups.ResourceGroup`): the memory and the number of processes and
   threads of the kernel and everything it starts are bounded by the Linux kernel, so a
   memory bomb or a fork bomb is stopped where it starts, even in native code;
 * lives in a **PID namespace of its own** (as PID 2, below an init): it cannot see or signal
@@ -16,7 +16,7 @@ the learner's, :func:`confine` turns it into a process that
 * sees a **file system of its own** (a private mount namespace): the course directory
   (instructor notebooks, hidden tests, ``.git``, the gradebook), the submissions and the
   output folder are covered by empty read-only file systems, and so is a lesson checkout
-  the kernel imports from (:func:`autograder.policy.source_folders`); the Python
+  the kernel imports from (:func:`autograder.sandbox.policy.source_folders`); the Python
   environment and the checkout's packages are shown again read-only; every other mount is
   read-only and ``nosuid``; its working directory is a size-limited ``tmpfs`` holding a
   copy of the submission's files, so its disk use is bounded in total, not only per file;
@@ -26,7 +26,7 @@ the learner's, :func:`confine` turns it into a process that
   nor write to anything the file permissions protect;
 * has hard ``setrlimit`` limits (data memory, file size, CPU seconds, open files, no core
   dumps);
-* runs under a Python audit hook (:func:`autograder.audit.install_audit_hook`,
+* runs under a Python audit hook (:func:`autograder.kernel.audit.install_audit_hook`,
   :pep:`578`) that refuses
   to start processes, to open network connections, to load native code through
   ``ctypes``, to signal other processes and to write outside its working directory. The
@@ -36,12 +36,12 @@ the learner's, :func:`confine` turns it into a process that
 Namespaces, mounts, cgroups and the change of user need root (``CAP_SYS_ADMIN``); without
 root the limits and the audit hook still apply and :func:`confine` says what it could not
 do (the README's threat model lists what holds then). Where the machine does give a layer
-(:func:`machine_layers` finds out once per grader process), the grader lists it in the
+(:func:`autograder.sandbox.device.machine_layers` finds out once per grader process), the grader lists it in the
 policy's ``required``, and a kernel that fails to get it (a transient failure under load)
 raises :class:`SandboxError` and never starts: no submission runs with less isolation than
 the machine gives the others. In the grader,
-:func:`autograder.processes.kill_all` kills whatever a kernel left running, and
-:meth:`~autograder.cgroups.ResourceGroup.close` kills every process still in its group.
+:func:`autograder.sandbox.processes.kill_all` kills whatever a kernel left running, and
+:meth:`~autograder.sandbox.cgroups.ResourceGroup.close` kills every process still in its group.
 
 None of this makes the kernel's own verdicts trustworthy: the learner's code runs in
 it. Scores are decided elsewhere (see :mod:`.checks`).
@@ -56,9 +56,10 @@ import sys
 from pathlib import Path
 from typing import Iterable, List, Optional, Tuple
 
-from .audit import install_audit_hook
-from .options import KERNEL_SHM
-from .policy import Policy, _inside, within_any
+from autograder.kernel.audit import install_audit_hook
+from autograder.options import KERNEL_SHM
+from autograder.protocol import (FILE_SYSTEM, GROUP, LAYER_NOTES, NETWORK, NO_PID_NAMESPACE, USER,
+                                 PROCESS_SPACE, Policy, inside, within_any)
 
 # mount(2) and unshare(2) flags (linux/fs.h, linux/sched.h)
 CLONE_NEWNS, CLONE_NEWNET = 0x00020000, 0x40000000
@@ -70,46 +71,16 @@ PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS, PR_CAPBSET_DROP = 1, 38, 24
 # Mount points left writable: /proc (a fresh one, of the kernel's PID namespace) and the
 # devices (/dev/null must work; the unprivileged user cannot open the others for writing).
 KEEP_WRITABLE = ("/proc", "/dev")
-NO_PID_NAMESPACE = "no private process space"  # confine's note when unshare(CLONE_NEWPID) fails
-# The layers a policy may require, each with the note confine gives when it cannot make it.
-GROUP, PROCESS_SPACE, FILE_SYSTEM, NETWORK, USER = (
-    "resource group", "process space", "file system view", "network", "user")
-LAYER_NOTES = {GROUP: "no resource group", PROCESS_SPACE: NO_PID_NAMESPACE,
-               FILE_SYSTEM: "no private file system view", NETWORK: "no private network",
-               USER: "privileges kept"}
-_MACHINE_LAYERS: Optional[Tuple[str, ...]] = None  # machine_layers(), once found
 
 
 class SandboxError(OSError):
     """A layer the policy requires could not be made: the kernel must not start."""
 
 
-def machine_layers() -> Tuple[str, ...]:
-    """The namespaces a kernel started by this process can get on this machine (none
-    without root or off Linux), found once by making them as a kernel does, with the same
-    functions, in a short-lived process (a container may allow ``unshare`` and still deny
-    the mounts). The resource group and the change of user are decided by the grader."""
-    global _MACHINE_LAYERS
-    if _MACHINE_LAYERS is None:
-        found: Tuple[str, ...] = ()
-        if sys.platform.startswith("linux") and os.geteuid() == 0:
-            import subprocess
-            package_parent = str(Path(__file__).resolve().parent.parent)
-            code = (f"import sys; sys.path.insert(0, {package_parent!r}); "
-                    "from autograder.confine import _probe_layers; _probe_layers()")
-            try:
-                done = subprocess.run([sys.executable, "-c", code], capture_output=True,
-                                      text=True, timeout=60)
-                found = tuple(sorted(set(done.stdout.splitlines()) & set(LAYER_NOTES)))
-            except (OSError, subprocess.SubprocessError):
-                pass
-        _MACHINE_LAYERS = found
-    return _MACHINE_LAYERS
-
-
-def _probe_layers() -> None:
-    """In a throwaway process: make each namespace layer in a child, as confine does, and
-    print the name of each that worked, one per line."""
+def probe_layers(answer_path: str) -> None:
+    """In a throwaway process (:data:`autograder.protocol.LAYERS_PROBE_TARGET`): make each
+    namespace layer in a child, as confine does, and write the name of each that worked
+    to ``answer_path``, one per line."""
     import shutil
     import tempfile
 
@@ -139,7 +110,8 @@ def _probe_layers() -> None:
                  NETWORK: in_child(_confine_network)}
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    print("\n".join(name for name, ok in works.items() if ok), flush=True)
+    with open(answer_path, "w") as answer:
+        answer.write("\n".join(name for name, ok in works.items() if ok))
 
 
 def _libc():
@@ -274,8 +246,8 @@ def _confine_filesystem(policy: Policy, own_proc: bool) -> None:
         for folder in hidden:
             if within_any(folder, [other for other in hidden if other != folder]):
                 continue  # covered already by a hidden folder around it
-            inside = [p for p in keep if _inside(p, folder) and p != folder]
-            _hide(libc, folder, inside, fds)
+            shown_inside = [p for p in keep if inside(p, folder) and p != folder]
+            _hide(libc, folder, shown_inside, fds)
         # The writable folders become mounts of their own, everything else read-only.
         for path in writable:
             if not within_any(path, hidden):
@@ -391,7 +363,7 @@ def confine(policy: Policy) -> List[str]:
     notes = []
     import importlib
     import warnings
-    for name in ("autograder.evidence", *policy.preload):
+    for name in ("autograder.kernel.evidence", *policy.preload):
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")

@@ -1,11 +1,11 @@
 """The fork server process: import once, then ``fork()`` a child per request.
 
-Started by :class:`autograder.spawn.ForkServer` (its client). It imports the modules it is
+Started by :class:`autograder.sandbox.spawn.ForkServer` (its client). It imports the modules it is
 told to, then reads one JSON request per line on stdin -- a target name, its arguments,
 a working directory, an environment, a stderr file -- forks, and answers with the child's
 pid. The child becomes a process of its own (session, process group, file descriptors,
 working directory, environment, random state) and runs the target
-(:func:`autograder.spawn.run_target`).
+(:func:`autograder.sandbox.spawn.run_target`).
 
 The server never imports or runs anything of a learner's, never sees test code, and never
 initialises CUDA (that would not survive ``fork()``): it only imports modules. (A module
@@ -14,7 +14,7 @@ that starts threads or initialises CUDA when imported is not safe to preload thi
 the grader ends.
 
 The server is started with the environment the grader writes for a submission's
-processes (:func:`autograder.policy.process_environment`), never the grader's own: a
+processes (:func:`autograder.sandbox.policy.process_environment`), never the grader's own: a
 forked child replaces ``os.environ``, but its ``/proc/self/environ`` still shows the
 environment the server was started with. Modules it preloads are imported with that
 environment: one that reads an environment variable at import time sees the server's
@@ -28,7 +28,7 @@ import signal
 import sys
 from typing import Dict, Iterable, List, Optional
 
-from .spawn import run_target
+from autograder.sandbox.spawn import run_target
 
 
 def _die_with_parent() -> None:

@@ -36,14 +36,14 @@ from typing import Dict, Optional
 
 import nbformat
 
-from .cgroups import ResourceGroup
-from .kernel_manager import KernelLaunch, manager_class
-from .options import FLOOD_FACTOR, KERNEL_START_TIMEOUT, MEMORY_POLL, Limits, default
-from .processes import memory_of
-from .spawn import Spawner
+from autograder.protocol import REPLY_KEY, TIMEOUT_ENAME
+from autograder.sandbox.cgroups import ResourceGroup
+from autograder.sandbox.kernel_manager import KernelLaunch, manager_class
+from autograder.options import FLOOD_FACTOR, KERNEL_START_TIMEOUT, MEMORY_POLL, Limits, default
+from autograder.sandbox.processes import memory_of
+from autograder.sandbox.spawn import Spawner
 
 KERNEL_NAME = "python3"
-TIMEOUT_ENAME = "CellTimeoutError"
 
 
 @dataclass
@@ -73,14 +73,6 @@ def _prepare_for_papermill(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
         cell.metadata.setdefault("tags", [])
         cell.metadata.setdefault("papermill", {})
     return nb
-
-
-REPLY_KEY = "autograder"  # cell metadata where the kernel's answer to the cell is recorded
-
-
-def reply_status(cell) -> Optional[str]:
-    """How the kernel answered the cell (``ok``, ``error``, ``aborted``); None: no answer."""
-    return cell.get("metadata", {}).get(REPLY_KEY, {}).get("reply")
 
 
 def _printable(text) -> str:

@@ -31,7 +31,7 @@ import threading
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
-from .evidence import MIME
+from autograder.protocol import EVIDENCE_MIME as MIME, EVIDENCE_MODULE
 
 MARKER = "### CHECKS"
 SEED_NAME = "TEST_SEED"
@@ -124,7 +124,7 @@ def probe_source(split: SplitTest) -> str:
     """The probe as the kernel runs it: the instructor's lines, then the report."""
     names = ", ".join(repr(n) for n in split.reported) + ("," if len(split.reported) == 1 else "")
     return (f"{split.probe}\n"
-            f"__import__('autograder.evidence').evidence.emit(globals(), ({names}))")
+            f"__import__({EVIDENCE_MODULE!r}, fromlist=['emit']).emit(globals(), ({names}))")
 
 
 @functools.lru_cache(maxsize=256)
@@ -171,7 +171,7 @@ def _float(value):
 
 
 def decode(data):
-    """Python values from :func:`autograder.evidence.encode`'s output (plain types only)."""
+    """Python values from :func:`autograder.kernel.evidence.encode`'s output (plain types only)."""
     if isinstance(data, list):
         return [decode(item) for item in data]
     if not isinstance(data, dict):
@@ -280,14 +280,14 @@ def _printer(stream):
 def run_checks(setup_code: str, seed: int,
                tests: Sequence[Tuple[str, str, Optional[str]]]) -> Dict[str, CheckOutcome]:
     """Outcomes by grade id for ``(grade_id, checks, report)``, in this process; a missing
-    report is skipped. Graders use :func:`autograder.checks_process.run_checks_isolated`."""
+    report is skipped. Graders use :func:`autograder.pipeline.checks_process.run_checks_isolated`."""
     trusted = TrustedChecks(setup_code, seed)
     return {grade_id: trusted.run(checks, report)
             for grade_id, checks, report in tests if report is not None}
 
 
 # --------------------------------------------------------------------------------------
-# The checks process (started by autograder.checks_process, target serve_request)
+# The checks process (started by autograder.pipeline.checks_process, target serve_request)
 # --------------------------------------------------------------------------------------
 
 class _ChecksTimeout(BaseException):
