@@ -7,7 +7,7 @@ class, so no entry point can drift from another. Each option the commands share 
 once, in :data:`OPTIONS`: the flags, :func:`grade_options`, :func:`service_limits` and the
 course's ``c.Autograder.*`` settings (:func:`config_defaults`) are all made from it.
 
-This module imports nothing heavy (the standard library, :mod:`.spawn`): the command line
+This module imports nothing but the standard library: the command line
 reads it before anything else.
 """
 from __future__ import annotations

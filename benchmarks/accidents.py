@@ -1,6 +1,6 @@
-"""Honest accidents and tampering (tests/accidents.py): this course's grader next to nbgrader's.
+"""Honest accidents and tampering (coursebook/accidents.py): this course's grader next to nbgrader's.
 
-For each assignment, every case of ``tests.accidents.ACCIDENTS`` is handed in by a student of
+For each assignment, every case of ``coursebook.accidents.ACCIDENTS`` is handed in by a student of
 its own in a scratch copy of the course, then graded twice, in one run:
 
     nbgrader autograde ASSIGNMENT --student CASE --force --Execute.timeout=20
@@ -29,8 +29,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.accidents import ACCIDENTS, CELL_TIMEOUT, write  # noqa: E402
-from tests.assignments import ASSIGNMENTS  # noqa: E402
+from coursebook.accidents import ACCIDENTS, CELL_TIMEOUT, write  # noqa: E402
+from coursebook.cases import ASSIGNMENTS  # noqa: E402
 
 
 def env() -> dict:

@@ -41,12 +41,12 @@ sys.path[:0] = [str(HERE), str(HERE.parent)]  # the sibling benchmark and the te
 
 from grading_throughput import (ROOT, add_keep_option, answer_cells, cpu_name,  # noqa: E402
                                  report_problems, run, scratch_folder)
-from tests.assignments import ASSIGNMENTS, submission  # noqa: E402
+from coursebook.cases import ASSIGNMENTS, submission  # noqa: E402
 
 
 def reference_submission(assignment: str):
     """The release (exercises/) with the reference answers (solutions/) typed into its cells,
-    as the tests hand it in (tests/assignments.py)."""
+    as the tests hand it in (coursebook/cases.py)."""
     return submission(assignment, {})
 
 

@@ -236,18 +236,18 @@ def checks_cost(course: Path, assignment: str, notebook: str, repeats: int = 20)
     from autograder.pipeline.checks import evidence_of, run_checks
     from autograder.pipeline.checks_process import run_checks_isolated
     from autograder.pipeline.execute import execute
-    from autograder.sandbox.imports import kernel_preload
-    from autograder.sandbox.spawn import ForkServer
     from autograder.layout import Course
     from autograder.pipeline.rebuild import rebuild
+    from autograder.runners.local import LocalRunner
     source = Course.discover(course).source_notebooks(assignment)[notebook]
     submitted = course / "submitted" / next(
         p.name for p in sorted((course / "submitted").iterdir()) if p.name.endswith("_solution"))
     import nbformat
     nb = nbformat.read(submitted / assignment / f"{notebook}.ipynb", as_version=4)
     rebuilt = rebuild(source.graded_view, nb, seed=12345)
-    with ForkServer(kernel_preload([source.path])) as server, \
+    with LocalRunner(1, "fork", [source.path]) as runner, \
             tempfile.TemporaryDirectory() as folder:
+        server = runner.spawner  # the run's spawner, as grade opens it
         executed = execute(rebuilt.notebook, Path(folder), spawner=server,
                            parameters={"autograder_device": "cpu", "autograder_profile": "quick"})
         cells = {c.get("id"): c for c in executed.notebook.cells}

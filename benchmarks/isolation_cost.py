@@ -81,17 +81,20 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=10)
     args = parser.parse_args()
     from autograder.sandbox.imports import KERNEL_MODULES
-    from autograder.sandbox.spawn import ForkServer, FreshInterpreter
+    from autograder.sandbox.policy import process_environment
+    from autograder.sandbox.spawn import open_spawner
     rows = []
-    with ForkServer([*KERNEL_MODULES, "torch", "dlperf"]) as server:
-        server.wait_ready()
+    server = open_spawner("fork", [*KERNEL_MODULES, "torch", "dlperf"], process_environment())
+    fresh = open_spawner("fresh", env=process_environment())
+    try:
         kernel_run(server, True)  # warm the page cache and the server's first fork
         for name, fork, isolated in (("forked from the warm server, no isolation", server, False),
                                      ("forked from the warm server, full isolation", server, True),
                                      ("fresh interpreter (--kernel fresh), full isolation",
-                                      FreshInterpreter(),
-                                      True)):
+                                      fresh, True)):
             rows.append((name, [kernel_run(fork, isolated) for _ in range(args.repeats)]))
+    finally:
+        server.close()
     python = [sys.executable, "-c", f"import ipykernel.kernelapp; {IMPORTS}"]
     rows.append(("fresh interpreter, the imports alone (no kernel)",
                  [command_run(python) for _ in range(args.repeats)]))

@@ -48,8 +48,8 @@ sys.path[:0] = [str(HERE), str(HERE.parent)]  # the sibling benchmarks and the t
 from assignment_throughput import make_course, reference_submission, student  # noqa: E402
 from grading_throughput import (add_keep_option, answer_cells, cpu_name,  # noqa: E402
                                  report_problems, run, scratch_folder)
-from tests.assignments import ASSIGNMENTS, wrong_submissions  # noqa: E402
-from tests.service_server import ServiceProcess, issue_tokens  # noqa: E402
+from coursebook.cases import ASSIGNMENTS, wrong_submissions  # noqa: E402
+from coursebook.service_process import ServiceProcess, issue_tokens  # noqa: E402
 
 from autograder.commands.submit import SubmitError, upload, wait  # noqa: E402
 

@@ -7,7 +7,7 @@ it, or is checked against it:
   ``assignments-table`` and ``wrong-submissions-table`` directives of :mod:`coursebook.sphinxext`,
   made by :func:`table` and :func:`mistakes_table`); the instructor edition's solution pages
   (:func:`coursebook.book.instructor_sources` appends :func:`solution_pages`); the tests
-  (``tests/assignments.py``) and ``scripts/gpu-run`` through them;
+  (``coursebook/cases.py``) and ``scripts/gpu-run`` through them;
 * **generated** into committed files that their tools read without Python: the "Assignments" part
   of ``_toc.yml`` (Jupyter Book reads it as it is) and the choices of the grading workflow
   (``.github/workflows/grade.yml``: GitHub reads it from the repository). ``python -m

@@ -175,7 +175,7 @@ def printed(notebook: Path) -> str:
     """What an executed notebook's cells printed (not its JSON, whose escapes a line would
     swallow)."""
     import nbformat
-    from tests.helpers import page_text  # joins a line a kernel sent in two pieces
+    from coursebook.executed import page_text  # joins a line a kernel sent in two pieces
     return page_text(nbformat.read(notebook, as_version=4))
 
 
@@ -241,7 +241,7 @@ def run_chapters(run: Run, site: Path, profile: str, hardware: dict,
 def grade_assignments(run: Run, site: Path, device: str) -> dict:
     """Grade each assignment's cases on ``device``; compare with tests/wrong_submissions."""
     import nbformat
-    from tests.assignments import (ASSIGNMENTS, EXERCISES, SOLUTIONS, WRONG, expected_losses,
+    from coursebook.cases import (ASSIGNMENTS, EXERCISES, SOLUTIONS, WRONG, expected_losses,
                                    hand_in, load_wrong, submission)
 
     started, cases_out = time.monotonic(), []
@@ -284,7 +284,7 @@ def judge_case(assignment: str, student: str, losses, results: Path, code, cuda:
     case = {"assignment": assignment, "student": student}
     if not results.exists():
         return {**case, "outcome": "not graded", "grader_exit": code}
-    from tests.assignments import counted, wrongly_skipped
+    from coursebook.cases import counted, wrongly_skipped
 
     result = json.loads(results.read_text())
     scores, misskipped = counted(result), wrongly_skipped(result, cuda)

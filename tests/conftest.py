@@ -59,7 +59,8 @@ def executed_page(built_book):
 @pytest.fixture(scope="session")
 def page_outputs(executed_page):
     """``page_outputs('chapters/hybridize')``: that page as built, what it printed, what it glued."""
-    from tests.helpers import glued, page_text
+    from tests.helpers import glued
+    from coursebook.executed import page_text
 
     def load(name: str):
         nb = executed_page(name)
@@ -91,10 +92,10 @@ def course_run(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def accident_rows(tmp_path_factory):
-    """``accident_rows(assignment)``: every accident of tests/accidents.py handed in for that
+    """``accident_rows(assignment)``: every accident of coursebook/accidents.py handed in for that
     assignment and graded by ``python -m autograder grade`` (once per session): student
     (the accident's name) -> its row of grades.csv."""
-    from tests.accidents import grade_all
+    from coursebook.accidents import grade_all
     graded = {}
 
     def rows(assignment: str) -> dict:

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import nbformat
 
-from tests.assignments import (ASSIGNMENTS, ROOT, SOLUTIONS, hand_in, solution_notebook,
+from coursebook.cases import (ASSIGNMENTS, ROOT, SOLUTIONS, hand_in, solution_notebook,
                                submission, wrong_submissions)
 
 REFERENCE_COPIES = 20  # reference answers handed in this many times (grades must not vary)

@@ -11,6 +11,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from coursebook.executed import outputs
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -22,33 +24,6 @@ def autograder(*args, cwd=ROOT, env=None, timeout=600) -> subprocess.CompletedPr
     return subprocess.run([sys.executable, "-m", "autograder", *map(str, args)], cwd=cwd,
                           env=environment, capture_output=True, text=True, timeout=timeout)
 EXECUTED = ROOT / "_build" / "jupyter_execute"
-
-
-def outputs(cell) -> list:
-    """The cell's outputs, with consecutive pieces of one stream joined: a kernel can send one
-    printed line in two messages (``print`` writes its arguments, then the newline), and only
-    some front ends merge them."""
-    merged = []
-    for out in cell.get("outputs", []):
-        if (out.get("output_type") == "stream" and merged
-                and merged[-1].get("output_type") == "stream"
-                and merged[-1].get("name") == out.get("name")):
-            merged[-1] = {**merged[-1], "text": merged[-1].get("text", "") + out.get("text", "")}
-        else:
-            merged.append(out)
-    return merged
-
-
-def page_text(nb: nbformat.NotebookNode) -> str:
-    """Everything the page printed (stdout, stderr, text/plain results), joined."""
-    parts = []
-    for cell in nb.cells:
-        for out in outputs(cell):
-            if out.get("output_type") == "stream":
-                parts.append(out.get("text", ""))
-            elif "data" in out and "text/plain" in out["data"]:
-                parts.append(out["data"]["text/plain"])
-    return "\n".join(parts)
 
 
 # dlperf.pages.glue's line without myst-nb: the name, a colon, the value as shown.

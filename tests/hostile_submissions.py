@@ -24,7 +24,7 @@ from typing import Callable, Optional, Union
 
 import nbformat
 
-from tests.assignments import ROOT, answer_cells, nbgrader_meta, submission
+from coursebook.cases import ROOT, answer_cells, nbgrader_meta, submission
 
 ASSIGNMENT, NOTEBOOK = "data_parallel", "data_parallel"
 SOLUTION_FILE = ROOT / "solutions" / ASSIGNMENT / f"{NOTEBOOK}.ipynb"

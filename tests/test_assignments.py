@@ -24,7 +24,7 @@ import torch
 from autograder.pipeline.checks import SEED_NAME, bound_names, setup_names, split_test
 from coursebook import assignments as course_assignments
 
-from tests.assignments import (ASSIGNMENTS, EXERCISES, HIDDEN, ROOT, SOLUTION_BLOCK, SOLUTIONS, WRONG,
+from coursebook.cases import (ASSIGNMENTS, EXERCISES, HIDDEN, ROOT, SOLUTION_BLOCK, SOLUTIONS, WRONG,
                                answer_cells, expected_losses, grade_cells, load_wrong,
                                nbgrader_meta, release_notebook, solution_notebook, submission)
 

@@ -1,4 +1,4 @@
-"""Fair grades for honest accidents, and no gain from nbgrader's tampering kinds (tests/accidents.py).
+"""Fair grades for honest accidents, and no gain from nbgrader's tampering kinds (coursebook/accidents.py).
 
 Each assignment's cases are handed in together and graded with the README's command: every
 file gets a row; a copied answer cell solved in either copy, and a solved notebook in any
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.accidents import ACCIDENTS
-from tests.assignments import ASSIGNMENTS
+from coursebook.accidents import ACCIDENTS
+from coursebook.cases import ASSIGNMENTS
 
 pytestmark = pytest.mark.integration
 

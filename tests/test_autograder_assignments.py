@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.assignments import ASSIGNMENTS, WRONG, counted, expected_losses, load_wrong, wrongly_skipped
+from coursebook.cases import ASSIGNMENTS, WRONG, counted, expected_losses, load_wrong, wrongly_skipped
 
 CUDA = torch.cuda.is_available()
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.assignments import ASSIGNMENTS, ROOT, WRONG, hand_in, load_wrong, release_notebook
+from coursebook.cases import ASSIGNMENTS, ROOT, WRONG, hand_in, load_wrong, release_notebook
 from tests.course_run import REFERENCE_COPIES, cases
 from tests.dask_cluster import CLUSTER_ENV, cluster  # noqa: F401 - cluster: a fixture
 

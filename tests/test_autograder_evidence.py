@@ -16,7 +16,7 @@ import pytest
 
 from autograder.pipeline.checks import Opaque, decode
 from autograder.kernel.evidence import encode
-from tests.assignments import submission
+from coursebook.cases import submission
 
 
 def crossed(value):
@@ -101,7 +101,7 @@ def test_predict_measure_answers_in_the_allowed_forms_get_full_marks(tmp_path):
     from autograder.pipeline.result import GRADED
     from autograder.runners.local import LocalRunner
     from autograder.layout import Course, find_submissions
-    from tests.assignments import (ROOT, SOLUTION, answer_cells, hand_in,
+    from coursebook.cases import (ROOT, SOLUTION, answer_cells, hand_in,
                                    solution_notebook)
     from tests.test_autograder_grade import OPTIONS
 

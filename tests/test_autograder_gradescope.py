@@ -19,7 +19,7 @@ import nbformat
 import pytest
 
 from autograder.options import GRADESCOPE_FILE_LIMIT, GRADESCOPE_ZIP_LIMIT
-from tests.assignments import (ASSIGNMENTS, HIDDEN, SOLUTIONS, release_notebook,
+from coursebook.cases import (ASSIGNMENTS, HIDDEN, SOLUTIONS, release_notebook,
                                solution_notebook, submission)
 from tests.helpers import autograder
 

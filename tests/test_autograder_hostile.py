@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.assignments import ROOT
+from coursebook.cases import ROOT
 from autograder.sandbox.cgroups import ResourceGroup
 from tests.hostile_submissions import ASSIGNMENT, CASES, NOTEBOOK, PROCESS_LIMIT, build
 

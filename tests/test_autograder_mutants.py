@@ -178,6 +178,6 @@ def test_the_justifications_stay_with_the_instructor(tmp_path):
     source = Course.discover(course).source_notebooks("demo")["demo"]
     assert [p.name for p in source.support_files()] == ["data.csv"]
     from traitlets.config.loader import PyFileConfigLoader
-    from tests.assignments import ROOT
+    from coursebook.cases import ROOT
     ignored = PyFileConfigLoader("nbgrader_config.py", path=str(ROOT)).load_config()
     assert EQUIVALENT_FILE in ignored.CourseDirectory.ignore

@@ -292,7 +292,7 @@ def test_a_checkout_on_pythonpath_shows_the_kernel_only_its_packages(graded):
 @pytest.mark.integration
 def test_serve_shows_no_secret(tmp_path):
     from autograder.commands.submit import multipart
-    from tests.service_server import ServiceProcess, issue_tokens
+    from coursebook.service_process import ServiceProcess, issue_tokens
     import nbformat
     import urllib.request
     course = tmp_path / "course"

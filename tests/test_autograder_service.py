@@ -36,7 +36,7 @@ from autograder.service.db import DONE, GRADING, QUEUED, Store, fair_order
 from autograder.commands.submit import multipart
 from tests.autograder_fixtures.submissions import COURSE, GOOD_SQUARES, answered, write
 from tests import helpers
-from tests.service_server import ServiceProcess, issue_tokens, sign_in
+from coursebook.service_process import ServiceProcess, issue_tokens, sign_in
 
 ROOT = Path(__file__).resolve().parent.parent
 OFF_BY_ONE = "def squares(n):\n    return [k * k for k in range(1, n + 1)]"

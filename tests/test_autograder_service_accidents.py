@@ -1,6 +1,6 @@
 """What the grader forgives or refuses behaves the same through the submission service (issue 28).
 
-Every accident of ``tests/accidents.py`` (habits of real learners, tampering, broken files) is
+Every accident of ``coursebook/accidents.py`` (habits of real learners, tampering, broken files) is
 handed in to ``python -m autograder serve`` by its own learner, as ``python -m autograder
 submit`` hands in, and its feedback is compared with the row ``python -m autograder grade``
 gives the same file (the ``accident_rows`` fixture, shared with
@@ -21,9 +21,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from autograder.commands.submit import SubmitError, upload, wait
-from tests.accidents import ACCIDENTS, CELL_TIMEOUT, write
-from tests.assignments import ASSIGNMENTS, SOLUTIONS
-from tests.service_server import ROOT, ServiceProcess, issue_tokens
+from coursebook.accidents import ACCIDENTS, CELL_TIMEOUT, write
+from coursebook.cases import ASSIGNMENTS, SOLUTIONS
+from coursebook.service_process import ROOT, ServiceProcess, issue_tokens
 
 pytestmark = pytest.mark.integration
 

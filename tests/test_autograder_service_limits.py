@@ -1,6 +1,6 @@
 """The submission service keeps grading whatever its clients do (limits, faults).
 
-Each test attacks the real server (:class:`tests.service_server.ServiceProcess`) on
+Each test attacks the real server (:class:`coursebook.service_process.ServiceProcess`) on
 127.0.0.1 as a stranger or a learner would, with the limits lowered so that a few requests
 reach them: half-sent connections past the open files, headers and bodies that never end,
 a stranger's big body, 85 MiB from a learner, JSON nested 900 deep, a notebook of too many
@@ -30,7 +30,7 @@ import pytest
 
 from autograder.commands.submit import SubmitError, multipart, upload as submit_upload
 from tests.autograder_fixtures.submissions import COURSE, GOOD_MEAN, answered
-from tests.service_server import ServiceProcess, issue_tokens
+from coursebook.service_process import ServiceProcess, issue_tokens
 from tests.test_autograder_service import (OFF_BY_ONE, ROSTER, feedback, graded, request, until,
                                            upload)
 

@@ -33,7 +33,7 @@ from autograder.commands.cli import parser
 from autograder.service.db import Store
 from autograder.commands.submit import multipart
 from tests.autograder_fixtures.submissions import answered, write
-from tests.service_server import issue_tokens
+from coursebook.service_process import issue_tokens
 from tests.test_autograder_service import (Server, autograder, graded, request,
                                            roster_course, service_with_rules, upload)
 

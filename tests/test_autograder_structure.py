@@ -84,6 +84,21 @@ def test_every_part_is_in_the_table():
     assert {part_of(name) for name in modules()} == set(ALLOWED)
 
 
+def test_the_readme_shows_the_table():
+    """README's "The grader, folder by folder": one row per part, with what it may import."""
+    text = (PACKAGE.parent / "README.md").read_text()
+    table = text[text.index("**The grader, folder by folder.**"):]
+    table = table[:table.index("\n\n", table.index("| part |"))]
+    rows = {}
+    for line in table.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        match = re.fullmatch(r"`(\w+)(?:\.py|/)`", cells[0])
+        if match:
+            rows[match[1]] = set(re.findall(r"`(\w+)`", cells[-1]))
+    assert rows == {part: allowed for part, allowed in ALLOWED.items()
+                    if not part.startswith("__")}
+
+
 @pytest.mark.parametrize("part", sorted(ALLOWED))
 def test_a_part_imports_only_what_the_table_allows(part):
     wrong = []

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from coursebook import book, status
-from tests.assignments import ASSIGNMENTS
+from coursebook.cases import ASSIGNMENTS
 from tests.helpers import readability_problems
 
 ROOT = Path(__file__).resolve().parent.parent

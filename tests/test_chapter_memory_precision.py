@@ -10,7 +10,8 @@ import re
 import pytest
 import torch
 
-from tests.helpers import execute_chapter, figures, glued, number, page_text
+from tests.helpers import execute_chapter, figures, glued, number
+from coursebook.executed import page_text
 
 pytestmark = pytest.mark.integration
 

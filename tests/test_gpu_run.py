@@ -134,7 +134,8 @@ def test_a_line_printed_in_two_pieces_is_read_whole(tmp_path):
     nor gpu-run may read it as two lines."""
     import nbformat
     from nbformat.v4 import new_code_cell, new_notebook, new_output
-    from tests.helpers import glued, page_text
+    from tests.helpers import glued
+    from coursebook.executed import page_text
     pieces = [new_output("stream", name="stdout", text="activation bytes per token:"),
               new_output("stream", name="stdout", text=" [10256, 10256]\nwidth: 64\n")]
     nb = new_notebook(cells=[new_code_cell("print(...)", outputs=pieces)])

@@ -21,7 +21,7 @@ import pytest
 from autograder.commands.check import check, has_code
 from autograder.runners.local import LocalRunner
 from autograder.options import CHECK_PROFILE, GradeOptions
-from tests.assignments import (ASSIGNMENTS, HIDDEN, grade_cells, nbgrader_meta, release_notebook,
+from coursebook.cases import (ASSIGNMENTS, HIDDEN, grade_cells, nbgrader_meta, release_notebook,
                                solution_notebook, submission, wrong_submissions)
 from tests.course_run import reference, run
 

@@ -2,8 +2,9 @@
 
 ``dlperf`` is what the chapters import and learners install, so it stands alone; the grader
 stands alone too (it runs learners' notebooks, which bring their own imports); the book's build
-(``coursebook``) may use the chapters' helpers; the GPU kit's scripts and the benchmarks are
-tools around the tests; the tests may import anything, and nothing but those tools imports them.
+and the course's tooling (``coursebook``: the assignments' cases, the accidents) may use the
+chapters' helpers; the GPU kit's scripts and the benchmarks use coursebook; the tests may
+import anything, and nothing imports them.
 Imports are read with ``ast`` (inside functions too), and so are the targets the grader starts
 processes by name (``"package.module:function"`` strings).
 """
@@ -24,8 +25,8 @@ ALLOWED = {
     "dlperf": set(),
     "autograder": set(),
     "coursebook": {"dlperf"},
-    "scripts": {"coursebook", "tests"},     # gpu-run grades tests/wrong_submissions' cases
-    "benchmarks": {"autograder", "dlperf", "tests"},  # the grader on the tests' cases; dlperf's Benchmark
+    "scripts": {"coursebook"},     # gpu-run grades the cases of coursebook.cases
+    "benchmarks": {"autograder", "dlperf", "coursebook"},  # the grader on the cases; dlperf's Benchmark
     "tests": {"dlperf", "autograder", "coursebook", "scripts", "benchmarks"},
 }
 OURS = set(ALLOWED)
@@ -68,9 +69,10 @@ def test_imports_follow_the_table(folder):
                        "packages (README, Layout):\n" + "\n".join(wrong))
 
 
-def test_nothing_but_the_tests_and_their_tools_imports_the_tests():
+def test_nothing_but_the_tests_imports_the_tests():
+    """What the benchmarks and the GPU kit share with the tests lives in coursebook."""
     users = {folder for folder, allowed in ALLOWED.items() if "tests" in allowed}
-    assert users == {"scripts", "benchmarks"}
+    assert users == set()
 
 
 def test_the_chapters_import_only_dlperf():
@@ -88,7 +90,7 @@ def test_the_chapters_import_only_dlperf():
 
 def test_the_detector_sees_every_kind_of_import(tmp_path):
     source = tmp_path / "sample.py"
-    source.write_text("import dlperf.ddp\n\ndef f():\n    from tests.assignments import ROOT\n"
+    source.write_text("import dlperf.ddp\n\ndef f():\n    from tests.helpers import ROOT\n"
                       "    from . import sibling\n    return 'autograder.kernel.process:main'\n"
                       "import gpu_run\nimport torch\n")
     assert imported(source) == {"dlperf": 1, "tests": 4, "autograder": 6, "scripts": 7}
@@ -127,6 +129,10 @@ def test_pip_install_ships_only_what_learners_run():
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
     packages = pyproject["tool"]["setuptools"]["packages"]
     assert "dlperf" in packages
+    # setuptools ships only the packages listed: every folder of the grader must be there
+    found = {".".join(path.parent.relative_to(ROOT).parts)
+             for name in ("dlperf", "autograder") for path in (ROOT / name).rglob("__init__.py")}
+    assert found == set(packages), sorted(found ^ set(packages))
     assert not {"coursebook", "tests", "scripts", "benchmarks"} & set(packages), packages
     assert "book" not in pyproject["project"].get("optional-dependencies", {}), (
         "the book's build is coursebook/, which pip does not install: its needs are "

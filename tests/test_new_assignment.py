@@ -24,7 +24,7 @@ import yaml
 
 from coursebook import assignments as course
 from coursebook import book
-from tests.assignments import answer_cells, counted, expected_losses, load_wrong
+from coursebook.cases import answer_cells, counted, expected_losses, load_wrong
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.integration
@@ -142,7 +142,7 @@ def test_a_fifth_assignment_is_picked_up_by_every_tool(toy_course):
     assert "| `toy` | `toy/toy.ipynb` | `double` | 2 |" in guide, guide
     assert "| toy | Adds two instead of doubling. | `toy_double` 2 |" in course.mistakes_table(root)
 
-    # The tests list it (tests/assignments.py reads the same manifest).
+    # The tests list it (coursebook/cases.py reads the same manifest).
     assert course.notebooks(root)["toy"] == "toy"
 
     # The course's grader gives the solution full marks and the wrong submission its listed loss.

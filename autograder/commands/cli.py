@@ -185,7 +185,7 @@ def _assignment_notebooks(args: argparse.Namespace) -> List[Path]:
 def _open_spawner(args: argparse.Namespace, notebooks: List[Path]):
     """The run's spawner, opened before ``autograder.pipeline.grade`` and its libraries are
     imported: a fork server imports PyTorch meanwhile. The runner closes it. Its processes
-    get the environment the grader writes, not this command's own (see :mod:`.policy`)."""
+    get the environment the grader writes, not this command's own (see :mod:`autograder.sandbox.policy`)."""
     from autograder.sandbox.imports import kernel_preload
     from autograder.sandbox.policy import process_environment
     from autograder.sandbox.spawn import open_spawner

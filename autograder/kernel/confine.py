@@ -1,7 +1,7 @@
 """Confine a learner's kernel, in the kernel's own process: what it may read, write, start,
-use and reach. (The grader's side: :mod:`.cgroups`, :mod:`.processes`, :mod:`.policy`.)
+use and reach. (The grader's side: :mod:`autograder.sandbox`.)
 
-A submission's kernel is one process (see :mod:`.kernel_process`). Before it runs anything of
+A submission's kernel is one process (see :mod:`autograder.kernel.process`). Before it runs anything of
 the learner's, :func:`confine` turns it into a process that
 
 * lives in a **resource group of its own** (a cgroup the grader made for it, see
@@ -44,7 +44,7 @@ the machine gives the others. In the grader,
 :meth:`~autograder.sandbox.cgroups.ResourceGroup.close` kills every process still in its group.
 
 None of this makes the kernel's own verdicts trustworthy: the learner's code runs in
-it. Scores are decided elsewhere (see :mod:`.checks`).
+it. Scores are decided elsewhere (see :mod:`autograder.pipeline.checks`).
 """
 from __future__ import annotations
 
@@ -282,7 +282,7 @@ def _confine_network() -> None:
     System V IPC gets a namespace of its own too.
 
     The kernel talks to the grader over Unix sockets in a folder of its own (Jupyter's
-    ``ipc`` transport, see :mod:`.kernel_manager`), which a network namespace does not cut. Native
+    ``ipc`` transport, see :mod:`autograder.sandbox.kernel_manager`), which a network namespace does not cut. Native
     code (libc's ``connect``, pyzmq, ``torch.distributed``) raises no audit event, so this,
     not the audit hook, is what keeps a submission off the grader's loopback (a Dask
     scheduler, a database) and off every other network.

@@ -1,7 +1,7 @@
 """The kernel's side of a test: report what the learner's code gave, as plain data.
 
 A test cell of the instructor's notebook is split at a line ``### CHECKS`` (see
-:mod:`.checks`). Its first part, the *probe*, runs in the learner's kernel and ends with
+:mod:`autograder.pipeline.checks`). Its first part, the *probe*, runs in the learner's kernel and ends with
 a call to :func:`emit`, which sends the values the checks will read as one
 ``display_data`` output of type :data:`MIME`. Only plain data crosses: numbers, strings,
 ``None``, lists, tuples and dicts of them, tensors (as their dtype, shape and values),

@@ -4,7 +4,7 @@ Every autograded test cell of the instructor's notebook has one line ``### CHECK
 
 * above it, the *probe* calls the learner's functions on test inputs and keeps what
   they gave in variables; it runs in the learner's kernel and ends by reporting those
-  variables as plain data (:mod:`.evidence`);
+  variables as plain data (:mod:`autograder.kernel.evidence`);
 * below it, the *checks*: ``assert`` statements on those values. The grader runs them
   here, in its own process, in a fresh namespace holding only the instructor's
   read-only setup cells, the run's ``TEST_SEED`` and the decoded values. Nothing the

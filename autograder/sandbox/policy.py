@@ -4,7 +4,7 @@ the environment every process the grader starts for a submission gets
 (:func:`process_environment`).
 
 The grader builds a policy for each kernel (:func:`autograder.pipeline.grade.sandbox_policy`); the
-kernel's process reads it back (:mod:`.confine`, :mod:`.audit`). Plain data and path
+kernel's process reads it back (:mod:`autograder.kernel.confine`, :mod:`autograder.kernel.audit`). Plain data and path
 arithmetic only.
 """
 from __future__ import annotations

@@ -81,7 +81,7 @@ def prepare_workdir(submission: Submission, source: SourceNotebook) -> Path:
 
 def sandbox_policy(submission: Submission, source: SourceNotebook, workdir: Path,
                    options: GradeOptions, group: Optional[ResourceGroup] = None) -> Policy:
-    """What the submission's kernel may see and use (see :mod:`.policy`, :mod:`.confine`)."""
+    """What the submission's kernel may see and use (see :mod:`.policy`, :mod:`autograder.kernel.confine`)."""
     hidden = {str(run_dir()), *(str(Path(h).resolve()) for h in options.hidden)}
     if not source.released:  # an instructor's notebook, in COURSE/<source dir>/<assignment>
         course_sources = source.path.resolve().parent.parent

@@ -6,8 +6,8 @@ runner's ``grade``, one upload a call, ``jobs`` at a time: :class:`~autograder.p
 (its sandbox, its spawner, :func:`~autograder.pipeline.grade.grade_submission`) or, with ``serve
 --scheduler``, :class:`~autograder.runners.cluster.Cluster`, whose workers run the same function on
 the upload at its path here (so they must see the service's files at the same path). Its results are written
-by :mod:`.report` into a folder of that upload's own; the attempt that counts goes into
-nbgrader's gradebook (:mod:`.gradebook`); then the row is committed ``done``. A service
+by :mod:`autograder.pipeline.report` into a folder of that upload's own; the attempt that counts goes into
+nbgrader's gradebook (:mod:`autograder.pipeline.gradebook`); then the row is committed ``done``. A service
 killed before that commit grades the upload again at its next start; writing the files
 and the gradebook again replaces what the first try wrote, so nothing is counted twice.
 

@@ -28,7 +28,7 @@ from typing import Callable, Optional, Union
 
 import nbformat
 
-from tests.assignments import (ASSIGNMENTS, answer_cells, grade_cells, nbgrader_meta,
+from coursebook.cases import (ASSIGNMENTS, answer_cells, grade_cells, nbgrader_meta,
                                release_notebook, submission)
 
 
@@ -442,7 +442,7 @@ def grade_all(base: Path, assignment: str) -> dict:
     import subprocess
     import sys
 
-    from tests.assignments import ROOT
+    from coursebook.cases import ROOT
     notebook = ASSIGNMENTS[assignment]
     for accident in ACCIDENTS:
         write(accident, assignment, base / "submitted" / accident.name / assignment

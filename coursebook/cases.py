@@ -1,7 +1,8 @@
-"""The course's assignments as the tests see them: notebooks, answer cells, wrong submissions.
+"""The course's assignments as cases to grade: notebooks, answer cells, wrong submissions.
 
-Shared by tests/test_assignments.py (graded with nbgrader) and tests/test_autograder_assignments.py
-(graded with the course's autograder), so that both grade exactly the same submissions.
+Shared by tests/test_assignments.py (graded with nbgrader), tests/test_autograder_assignments.py
+(graded with the course's autograder), the benchmarks and ``scripts/gpu-run``, so that all
+grade exactly the same submissions. The wrong submissions are ``tests/wrong_submissions``.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from coursebook.assignments import notebooks
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTIONS = ROOT / "solutions"
 EXERCISES = ROOT / "exercises"
-WRONG_SUBMISSIONS = Path(__file__).resolve().parent / "wrong_submissions"
+WRONG_SUBMISSIONS = ROOT / "tests" / "wrong_submissions"
 
 # assignment -> its notebook's name, as the course's manifest lists them (assignments/assignments.toml;
 # tests/test_assignments.py checks that solutions/ holds exactly these)
