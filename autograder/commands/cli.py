@@ -159,8 +159,7 @@ def course_defaults(args: argparse.Namespace) -> Dict[str, object]:
     from autograder.options import COURSE_COMMANDS, config_defaults
     if args.command not in COURSE_COMMANDS:
         return {}
-    from autograder.layout import Course
-    config = Course.discover(args.course).config
+    config = course_of(args).config
     return config_defaults(args.command, config, str(Path(args.course) / "nbgrader_config.py"))
 
 
@@ -177,9 +176,16 @@ def _quiet_libraries() -> None:
         logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
+def course_of(args: argparse.Namespace):
+    """The course ``--course`` names, read once per command (its nbgrader_config.py too)."""
+    if getattr(args, "found_course", None) is None:
+        from autograder.layout import Course
+        args.found_course = Course.discover(args.course)
+    return args.found_course
+
+
 def _assignment_notebooks(args: argparse.Namespace) -> List[Path]:
-    from autograder.layout import Course
-    return sorted(Course.discover(args.course).assignment_path(args.assignment).glob("*.ipynb"))
+    return sorted(course_of(args).assignment_path(args.assignment).glob("*.ipynb"))
 
 
 def _open_spawner(args: argparse.Namespace, notebooks: List[Path]):
@@ -212,11 +218,11 @@ def run_grade(args: argparse.Namespace) -> int:
 
 
 def _grade(args: argparse.Namespace, runner) -> int:
-    from autograder.layout import Course, find_submissions
+    from autograder.layout import find_submissions
     from autograder.pipeline.report import status_counts, summary, write_grades_csv, write_submission
 
     try:
-        course = Course.discover(args.course)
+        course = course_of(args)
         sources = course.source_notebooks(args.assignment)
         submissions = find_submissions(args.submitted, args.assignment, notebooks=list(sources),
                                        references={name: source.graded_view
@@ -366,10 +372,9 @@ def run_submit(args: argparse.Namespace) -> int:
 def run_gradescope(args: argparse.Namespace) -> int:
     from autograder.commands.gradescope import build, describe
     from autograder.pipeline.grade import planned_tests
-    from autograder.layout import Course
     from autograder.options import CPU, Limits, fields_of
     try:
-        course = Course.discover(args.course)
+        course = course_of(args)
         out = args.out or course.root / "_build" / "gradescope" / f"{args.assignment}.zip"
         built = build(course, args.assignment, out,
                       Limits(**fields_of("limits", vars(args))))
@@ -415,7 +420,9 @@ def arguments(argv: Optional[List[str]] = None) -> argparse.Namespace:
     args = parser().parse_args(argv)
     defaults = course_defaults(args)
     if defaults:  # parsed again with the course's defaults: a flag typed still wins
+        found = args.found_course
         args = parser({args.command: defaults}).parse_args(argv)
+        args.found_course = found
     return args
 
 

@@ -315,9 +315,6 @@ class Store:
         found = self.rows("WHERE key = ?", (key,))
         return found[0] if found else None
 
-    def uploads_since(self, student: str, assignment: str, since: float) -> int:
-        return len(self.upload_times(student, assignment, since))
-
     def upload_times(self, student: str, assignment: str, since: float) -> List[float]:
         """When ``student`` uploaded for ``assignment`` since ``since``, oldest first."""
         with self._db() as db:
