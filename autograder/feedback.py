@@ -1,9 +1,24 @@
 """How one graded test reads to a learner, the same wherever the service's feedback is shown:
 its web page (:mod:`autograder.service.pages`) and ``submit``'s text
-(:mod:`autograder.commands.submit`). ``test`` is a test of the service's JSON feedback."""
+(:mod:`autograder.commands.submit`). ``test`` is a test of the service's JSON feedback, made
+by :func:`shown_tests` from a result's Gradescope form (``results.json``)."""
 from __future__ import annotations
 
+from typing import List
+
 MARKS = {"passed": "PASS", "failed": "FAIL"}
+
+
+def shown_tests(results: dict) -> List[dict]:
+    """The tests of one result as the service keeps and shows them, from its Gradescope
+    form (:func:`autograder.pipeline.report.gradescope`, what ``results.json`` holds)."""
+    return [{"name": test["name"], "status": test.get("status", "not counted"),
+             "outcome": test.get("extra_data", {}).get("outcome", ""),
+             "score": test["score"], "max_score": test["max_score"],
+             "points": test.get("extra_data", {}).get("points", test["max_score"]),
+             "output": test.get("output", ""),
+             "hidden": test.get("visibility") != "visible"}
+            for test in results.get("tests", [])]
 
 
 def mark(test: dict) -> str:

@@ -162,6 +162,32 @@ def test_a_database_of_an_earlier_service_is_migrated_keeping_every_row(tmp_path
     assert [r.key for r in Store(path).rows("ORDER BY id")][:3] == keys
 
 
+def test_feedback_of_results_graded_before_schema_5_is_kept_in_the_row(tmp_path):
+    """Schema 5 keeps each result's tests in its row (the pages read them from there):
+    a result graded before then gets them from its results.json once, at the migration;
+    a row whose file is gone shows no tests and still opens."""
+    from autograder.feedback import shown_tests
+    path = tmp_path / "service.db"
+    old_database(path, 2)
+    results = {"score": 1.0, "output": "graded", "tests": [
+        {"name": "shapes", "score": 1.0, "max_score": 1.0, "status": "passed",
+         "visibility": "visible", "output": "", "extra_data": {"outcome": "passed"}},
+        {"name": "speed", "score": 0.0, "max_score": 2.0, "status": "failed",
+         "visibility": "after_published", "output": "too slow",
+         "extra_data": {"outcome": "failed", "points": 2.0}}]}
+    (tmp_path / "demo.results.json").write_text(json.dumps(results))
+    with sqlite3.connect(path) as db:
+        db.execute("UPDATE submissions SET results = ? WHERE student = 'alan' AND attempt = 1",
+                   (str(tmp_path / "demo.results.json"),))
+        db.execute("INSERT INTO submissions (student, assignment, notebook, attempt, path, "
+                   "created, state, results, key) VALUES ('ada', 'demo', 'demo', 1, '/u/a', "
+                   "1.0, 'done', ?, 'k')", (str(tmp_path / "gone.results.json"),))
+    rows = {r.student + str(r.attempt): r for r in Store(path).rows("ORDER BY id")}
+    assert rows["alan1"].shown_tests == shown_tests(results)
+    assert [t["hidden"] for t in rows["alan1"].shown_tests] == [False, True]
+    assert rows["ada1"].shown_tests == [] and rows["alan2"].shown_tests == []
+
+
 def test_a_database_of_a_later_service_is_refused_untouched(tmp_path, capsys):
     from autograder.service.db import SCHEMA_VERSION, DatabaseError
     course = roster_course(tmp_path)

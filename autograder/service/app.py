@@ -340,7 +340,7 @@ class Service:
         return order.index(row.id) + 1 if row.id in order else None
 
     def feedback(self, row: Row) -> dict:
-        """What a learner may see of one upload: results.json's tests and message."""
+        """What a learner may see of one upload: its result's tests and message."""
         data = {"id": row.key, "student": row.student, "assignment": row.assignment,
                 "notebook": row.notebook, "attempt": row.attempt, "state": row.state,
                 "position": self.position(row), "uploaded": when(row.created),
@@ -349,17 +349,8 @@ class Service:
             data.update(status=row.status, score=row.score, max_score=row.max_score,
                         penalty=row.penalty or 0.0, counted_score=row.counted_score,
                         message=row.message, seconds=row.seconds, graded=when(row.finished),
-                        has_notebook=bool(row.executed and Path(row.executed).is_file()))
-            found = bool(row.results) and Path(row.results).is_file()
-            results = json.loads(Path(row.results).read_text()) if found else {"tests": []}
-            for test in results["tests"]:
-                data["tests"].append({
-                    "name": test["name"], "status": test.get("status", "not counted"),
-                    "outcome": test.get("extra_data", {}).get("outcome", ""),
-                    "score": test["score"], "max_score": test["max_score"],
-                    "points": test.get("extra_data", {}).get("points", test["max_score"]),
-                    "output": test.get("output", ""),
-                    "hidden": test.get("visibility") != "visible"})
+                        has_notebook=bool(row.executed and Path(row.executed).is_file()),
+                        tests=row.shown_tests)
         return data
 
     def learners(self) -> List[str]:

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
+from autograder.feedback import shown_tests
 from autograder.options import SERVICE_DB_BUSY, SERVICE_ID_BYTES
 
 QUEUED, GRADING, DONE = "queued", "grading", "done"
@@ -65,6 +66,7 @@ CREATE TABLE IF NOT EXISTS submissions (
     executed TEXT,                        -- its executed notebook, if it ran
     key TEXT,                             -- its id in URLs: random, never guessable
     phases TEXT,                          -- seconds per grading phase, as JSON
+    tests TEXT,                           -- its tests as the feedback shows them, as JSON
     UNIQUE (student, assignment, notebook, attempt)
 );
 CREATE INDEX IF NOT EXISTS by_state ON submissions (state);
@@ -74,8 +76,8 @@ CREATE UNIQUE INDEX IF NOT EXISTS by_key ON submissions (key);
 
 # The schema's versions: 1, the first service (no version stored); 2, random ids in URLs
 # (``key``; stored, as 0, only by that column); 3, ``phases``, the version stored;
-# 4, ``sessions`` (a browser's sign-in, apart from the person's token).
-SCHEMA_VERSION = 4
+# 4, ``sessions`` (a browser's sign-in, apart from the person's token); 5, ``tests``.
+SCHEMA_VERSION = 5
 
 
 def _add_keys(db: sqlite3.Connection) -> None:
@@ -99,7 +101,20 @@ def _add_sessions(db: sqlite3.Connection) -> None:
             db.execute(statement)
 
 
-MIGRATIONS = {2: _add_keys, 3: _add_phases, 4: _add_sessions}  # version -> the step that reaches it
+def _add_tests(db: sqlite3.Connection) -> None:
+    """Version 5: each result's tests as the feedback shows them, kept in the row (the
+    feedback was read from results.json at every view): taken from those files once."""
+    db.execute("ALTER TABLE submissions ADD COLUMN tests TEXT")
+    for row_id, results in db.execute("SELECT id, results FROM submissions WHERE results "
+                                      "IS NOT NULL").fetchall():
+        try:
+            tests = shown_tests(json.loads(Path(results).read_text()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue  # a file gone or unreadable: that upload shows no tests, as before
+        db.execute("UPDATE submissions SET tests = ? WHERE id = ?", (json.dumps(tests), row_id))
+
+
+MIGRATIONS = {2: _add_keys, 3: _add_phases, 4: _add_sessions, 5: _add_tests}  # version -> the step that reaches it
 
 
 def statements(script: str) -> List[str]:
@@ -184,10 +199,15 @@ class Row:
     executed: Optional[str]
     key: Optional[str]
     phases: Optional[str]     # JSON: {phase: seconds}, in the order they ran
+    tests: Optional[str]      # JSON: feedback.shown_tests of its result
 
     @property
     def phase_seconds(self) -> Dict[str, float]:
         return json.loads(self.phases) if self.phases else {}
+
+    @property
+    def shown_tests(self) -> List[dict]:
+        return json.loads(self.tests) if self.tests else []
 
     @property
     def counted_score(self) -> Optional[float]:

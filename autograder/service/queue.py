@@ -31,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
+from autograder.feedback import shown_tests
 from autograder.layout import Course, SourceNotebook, Submission
 from autograder.options import SERVICE_ERROR_BACKOFF, SERVICE_POLL, GradeOptions, ServiceLimits
 from autograder.service.config import Rules
@@ -215,7 +216,7 @@ class Graders:
     def grade(self, row: Row, graded: Optional[Callable[[], None]] = None) -> None:
         """Grade one claimed row and commit its result (the one way a row gets one);
         ``graded`` is called once the grading is over, before its results are written."""
-        from autograder.pipeline.report import csv_row, write_submission
+        from autograder.pipeline.report import csv_row, gradescope, write_submission
         sources = self.sources[row.assignment]
         try:
             result = self.runner.grade([self.submission(row)], sources, self.options)[0]
@@ -241,6 +242,7 @@ class Graders:
                           message=result.message, seconds=result.seconds,
                           phases=json.dumps(result.phases),
                           csv_row=json.dumps(line), results=str(results),
+                          tests=json.dumps(shown_tests(gradescope(result))),
                           executed=str(executed) if executed else None)
         self._changed(row.id)
         try:
