@@ -165,3 +165,39 @@ def test_check_passes_a_correct_notebook_and_flags_edited_tests(tmp_path):
     done = autograder("check", path, "--device", "cpu", "--source", RELEASE)
     assert done.returncode == 0, done.stdout + done.stderr[-2000:]
     assert "6 of 6 points" in done.stdout
+
+
+@pytest.mark.integration
+def test_the_pip_package_checks_a_notebook_and_leaves_the_service_out(tmp_path):
+    """What `pip install` of the course gives a learner, in an environment where the checkout
+    is not importable: `check` runs the whole pipeline (sandbox included); `serve` says where
+    the service is instead of failing on an import."""
+    import sysconfig
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True,
+                   timeout=120)
+    python = venv / "bin" / "python"
+    site = Path(subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()"
+                                "['purelib'])"], capture_output=True, text=True,
+                               check=True).stdout.strip())
+    # The grader's dependencies from this environment, but not its .pth files: the editable
+    # install of the checkout stays out (a learner has the package, not the checkout).
+    (site / "dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    built = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
+                            "--no-build-isolation", "--target", str(site), str(ROOT)],
+                           capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stderr[-3000:]
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    where = subprocess.run([python, "-c", "import autograder; print(autograder.__file__)"],
+                           cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert where.stdout.startswith(str(site)), where
+    assert not (site / "autograder" / "service").exists()
+    path = write(tmp_path / "work", "me", answered())
+    check = subprocess.run([python, "-m", "autograder", "check", str(path), "--device", "cpu",
+                            "--source", str(RELEASE)], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=300)
+    assert check.returncode == 0 and "6 of 6 points" in check.stdout, check.stdout + check.stderr
+    serve = subprocess.run([python, "-m", "autograder", "serve", "--course", str(COURSE)],
+                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert serve.returncode == 2, serve.stderr[-2000:]
+    assert "not part of the installed package" in serve.stderr

@@ -299,7 +299,15 @@ def run_serve(args: argparse.Namespace) -> int:
     """Read the course's roster and rules (a clear error if they are wrong), then issue
     tokens or serve, grading as ``grade`` does: on a :class:`~autograder.pipeline.grade.LocalRunner`,
     or with ``--scheduler`` on a Dask cluster (:class:`~autograder.runners.cluster.Cluster`)."""
-    from autograder.service.app import ConfigError, Service
+    try:
+        from autograder.service.app import ConfigError, Service
+    except ModuleNotFoundError as error:
+        if not (error.name or "").startswith("autograder.service"):
+            raise
+        print("error: the submission service is not part of the installed package: run "
+              "`python -m autograder serve` from a checkout of the course (README, "
+              "Running the submission service)", file=sys.stderr)
+        return 2
     if args.jupyterhub and args.issue_tokens is not None:
         print("error: --issue-tokens is for the standalone sign-in; on a JupyterHub the hub "
               "signs people in", file=sys.stderr)

@@ -192,9 +192,11 @@ def contents(course: Course, assignment: str, limits: Limits) -> Dict[str, objec
         raise FileNotFoundError(f"{root} has no pyproject.toml: the zip installs the course's "
                                 "package from it")
     files: Dict[str, object] = {f"{PACKAGE}/pyproject.toml": root / "pyproject.toml"}
-    for package in _packages(root):
-        for path in _files_under(root / package):
-            files[f"{PACKAGE}/{path.relative_to(root).as_posix()}"] = path
+    for package in _packages(root):  # each listed package's own files, as pip ships them
+        folder = root / package.replace(".", "/")
+        for path in _files_under(folder):
+            if path.parent == folder:
+                files[f"{PACKAGE}/{path.relative_to(root).as_posix()}"] = path
     if (root / "nbgrader_config.py").is_file():
         files[f"{COURSE}/nbgrader_config.py"] = root / "nbgrader_config.py"
     folder = course.assignment_path(assignment)
