@@ -183,8 +183,13 @@ def test_the_pip_package_checks_a_notebook_and_leaves_the_service_out(tmp_path):
     # The grader's dependencies from this environment, but not its .pth files: the editable
     # install of the checkout stays out (a learner has the package, not the checkout).
     (site / "dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    import shutil
+    source = tmp_path / "source"  # a copy: setuptools builds in the source folder
+    for name in ("dlperf", "autograder"):
+        shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", source)
     built = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
-                            "--no-build-isolation", "--target", str(site), str(ROOT)],
+                            "--no-build-isolation", "--target", str(site), str(source)],
                            capture_output=True, text=True, timeout=300)
     assert built.returncode == 0, built.stderr[-3000:]
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
