@@ -236,12 +236,12 @@ def _grade(args: argparse.Namespace, runner) -> int:
     hidden = [course.root, args.submitted, args.out]
     if args.gradebook and args.gradebook.startswith("sqlite:///"):
         hidden.append(Path(args.gradebook[len("sqlite:///"):]).resolve().parent)
-    options = runner.resolve(grade_options(args, hidden=hidden))
     writer = None
-    if args.gradebook:
+    if args.gradebook:  # before resolve, which waits for the fork server: meanwhile
         from autograder.pipeline.gradebook import GradebookWriter
         writer = GradebookWriter(args.gradebook, course_id=course.course_id)
         writer.register_assignment(args.assignment, sources)
+    options = runner.resolve(grade_options(args, hidden=hidden))
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     jobs = runner.threads()
