@@ -8,20 +8,20 @@ it (:func:`for_the_record`: no hidden test, no probe's report).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import TYPE_CHECKING, Dict, List, Optional
 
 import nbformat
 
 from autograder.layout import Submission, plural
 from autograder.options import CPU
-from autograder.pipeline.execute import Execution
 from autograder.pipeline.judge import MANUAL, NOT_RUN, PARTIAL, PASSED, SKIPPED, TestResult
-from autograder.pipeline.rebuild import TestCell
 from autograder.protocol import EVIDENCE_MIME, TIMEOUT_ENAME
 
+if TYPE_CHECKING:  # types only: a result is read without the execution stack
+    from autograder.pipeline.execute import Execution
+    from autograder.pipeline.rebuild import TestCell
+
 GRADED, TIMEOUT, ERROR, INVALID = "graded", "timeout", "error", "invalid"
-
-
 STATUSES = (GRADED, TIMEOUT, ERROR, INVALID)
 
 
@@ -29,8 +29,6 @@ STATUSES = (GRADED, TIMEOUT, ERROR, INVALID)
 # in order; together they are all of its ``seconds`` but for a few milliseconds between.
 READ, PREPARE, KERNEL_START, CELLS, CHECKS, JUDGE = (
     "read and rebuild", "working directory", "kernel start", "cells", "trusted checks", "judge")
-
-
 PHASES = (READ, PREPARE, KERNEL_START, CELLS, CHECKS, JUDGE)
 
 

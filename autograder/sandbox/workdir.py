@@ -40,8 +40,6 @@ def _copy_tree(src: Path, dst: Path, budget: List[int]) -> None:
 
 
 _RUN_DIR: Optional[Path] = None
-
-
 _RUN_DIR_LOCK = threading.Lock()
 
 
