@@ -90,20 +90,33 @@ def course_run(tmp_path_factory):
     return instructor_steps(tmp_path_factory.mktemp("course"))
 
 
-@pytest.fixture(scope="session")
-def accident_rows(tmp_path_factory):
+class AccidentRows:
     """``accident_rows(assignment)``: every accident of coursebook/accidents.py handed in for that
     assignment and graded by ``python -m autograder grade`` (once per session): student
-    (the accident's name) -> its row of grades.csv."""
-    from coursebook.accidents import grade_all
-    graded = {}
+    (the accident's name) -> its row of grades.csv. ``accident_rows.of(assignments)``: the
+    same for several, those not graded yet graded two assignments (two commands) at a time."""
 
-    def rows(assignment: str) -> dict:
-        if assignment not in graded:
-            graded[assignment] = grade_all(tmp_path_factory.mktemp(f"accidents-{assignment}"),
-                                           assignment)
-        return graded[assignment]
-    return rows
+    def __init__(self, tmp_path_factory):
+        self.tmp_path_factory, self.graded = tmp_path_factory, {}
+
+    def __call__(self, assignment: str) -> dict:
+        return self.of([assignment])[assignment]
+
+    def of(self, assignments) -> dict:
+        from concurrent.futures import ThreadPoolExecutor
+
+        from coursebook.accidents import grade_all
+        missing = [a for a in assignments if a not in self.graded]
+        folders = [self.tmp_path_factory.mktemp(f"accidents-{a}") for a in missing]
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            self.graded.update(zip(missing, pool.map(grade_all, folders, missing)))
+        return {assignment: self.graded[assignment] for assignment in assignments}
+
+
+@pytest.fixture(scope="session")
+def accident_rows(tmp_path_factory):
+    """An :class:`AccidentRows`, one per session."""
+    return AccidentRows(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

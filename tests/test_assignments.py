@@ -15,6 +15,7 @@ import re
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import nbformat
@@ -324,10 +325,15 @@ def graded(tmp_path_factory) -> Graded:
 
     base = tmp_path_factory.mktemp("nbgrader")
     courses, runs = {}, {}
+    # Every course's release generated at the same time (each run mostly starts nbgrader).
+    with ThreadPoolExecutor(max_workers=len(ASSIGNMENTS)) as pool:
+        generated = {assignment: pool.submit(run_nbgrader, new_course(base / assignment),
+                                             "generate_assignment", assignment, "--force")
+                     for assignment in ASSIGNMENTS}
+    for assignment, done in generated.items():
+        check(done.result(), f"nbgrader generate_assignment {assignment}")
     for assignment, notebook in ASSIGNMENTS.items():
-        course = courses[assignment] = new_course(base / assignment)
-        check(run_nbgrader(course, "generate_assignment", assignment, "--force"),
-              f"nbgrader generate_assignment {assignment}")
+        course = courses[assignment] = base / assignment
         students = {"solution": solution_notebook(assignment),
                     "unedited": nbformat.read(course / "exercises" / assignment / f"{notebook}.ipynb",
                                               as_version=4)}

@@ -21,7 +21,7 @@ INTERNAL = ("Traceback", "local variable", "object has no attribute", "KeyError"
 
 @pytest.fixture(scope="module")
 def rows(accident_rows):
-    return {assignment: accident_rows(assignment) for assignment in ASSIGNMENTS}
+    return accident_rows.of(ASSIGNMENTS)
 
 
 @pytest.mark.parametrize("assignment", sorted(ASSIGNMENTS))

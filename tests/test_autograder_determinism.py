@@ -16,6 +16,8 @@ import json
 import os
 import subprocess
 import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -57,18 +59,33 @@ def read_grades(out: Path, assignment: str) -> dict:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, cluster, course_run):  # noqa: F811 - the fixture imported above
-    found = {}
+    bases, commands = {}, []
     for assignment in ASSIGNMENTS:
-        base = tmp_path_factory.mktemp(assignment)
-        subset = base / "subset"
-        hand_in(subset, assignment, cases(assignment, release_notebook(assignment), SUBSET))
-        found[assignment] = {
-            "default jobs, all": read_grades(course_run.folder / "graded", assignment),
-            "jobs 1": grade(subset, assignment, base / "out-1", "--jobs", "1"),
-            "jobs 4": grade(subset, assignment, base / "out-4", "--jobs", "4"),
-            "dask": grade(subset, assignment, base / "out-dask", "--scheduler",
-                          cluster.address),
-        }
+        base = bases[assignment] = tmp_path_factory.mktemp(assignment)
+        hand_in(base / "subset", assignment,
+                cases(assignment, release_notebook(assignment), SUBSET))
+        commands += [(assignment, "jobs 1", "out-1", ("--jobs", "1")),
+                     (assignment, "jobs 4", "out-4", ("--jobs", "4")),
+                     (assignment, "dask", "out-dask", ("--scheduler", cluster.address))]
+    # Two grade commands at a time (each spends seconds starting, and ``--jobs 1`` grades on
+    # one core), but never two on the one cluster: each dask run has its workers to itself.
+    on_cluster = threading.Lock()
+
+    def one(command):
+        assignment, run, out, options = command
+        base = bases[assignment]
+        if run != "dask":
+            return grade(base / "subset", assignment, base / out, *options)
+        with on_cluster:
+            return grade(base / "subset", assignment, base / out, *options)
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        graded = dict(zip(commands, pool.map(one, commands)))
+    found = {assignment: {"default jobs, all": read_grades(course_run.folder / "graded",
+                                                           assignment)}
+             for assignment in ASSIGNMENTS}
+    for (assignment, run, _, _), grades in graded.items():
+        found[assignment][run] = grades
     return found
 
 

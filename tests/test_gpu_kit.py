@@ -38,6 +38,8 @@ LOWEST = ["torch==2.11.*", "torchvision==0.26.*"]
 MACHINE_USED = ["numpy", "matplotlib", "pandas", "scipy", "pytest"]
 DLPERF_TESTS = ["test_parallel.py", "test_timing.py", "test_distributed.py", "test_profile.py",
                 "test_hardware.py", "test_data.py"]
+# In a folder the kit is installed in, once the install is through (tests/test_gpu_kit.py's own).
+INSTALLED = ".kit-installed"
 WHEEL = re.compile(r"^(?P<name>[^-]+)-(?P<version>[^-]+)(-\d[^-]*)?-(?P<python>[^-]+)-"
                    r"(?P<abi>[^-]+)-(?P<platform>[^-]+)\.whl$")
 
@@ -121,11 +123,27 @@ def test_the_kit_fits_the_machines_one_version_each(kit):
     assert {"papermill", "jupytext", "ipykernel", "nbclient", "nbformat", "d2l"} <= set(names)
 
 
-def test_gpu_run_passes_on_the_stand_in(stand_in, built_book, tmp_path):
+@pytest.fixture(scope="module")
+def kit_site(tmp_path_factory):
+    """Where the kit is installed for this module's tests: ``scripts/gpu-run`` installs it
+    there itself, and the other tests use what it installed (else install it as it does)."""
+    return tmp_path_factory.mktemp("kit") / "site"
+
+
+def install_kit(python, env, site: Path) -> None:
+    """The kit as ``scripts/gpu-run`` installs it, unless it already did into ``site``."""
+    if (site / INSTALLED).exists():
+        return
+    run([python, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps", "--upgrade",
+         "--target", site, *sorted(KIT.glob("*.whl"))], env=env, timeout=600)
+    (site / INSTALLED).write_text("")
+
+
+def test_gpu_run_passes_on_the_stand_in(stand_in, built_book, tmp_path, kit_site):
     """``scripts/gpu-run`` as on a GPU machine (quick profile, the CPU): every step passes, and
     every published chapter notebook runs there."""
     python, env = stand_in
-    out, site = tmp_path / "out", tmp_path / "site"
+    out, site = tmp_path / "out", kit_site
     before = (ROOT / "status" / "gpu-runs.json").read_text()
     published = built_book.html / "_sources" / "chapters"
     done = subprocess.run([str(ROOT / "scripts" / "gpu-run"), "--profile", "quick", "--out",
@@ -139,6 +157,7 @@ def test_gpu_run_passes_on_the_stand_in(stand_in, built_book, tmp_path):
         f"{json.dumps(summary, indent=1)[-6000:]}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
     assert summary["python"].startswith("3.12")
     assert steps["install"]["wheels"] == len(list(KIT.glob("*.whl")))
+    (site / INSTALLED).write_text("")  # the kit as gpu-run installed it, for the next tests
     # pytest -m gpu collected the whole suite there; without a GPU every GPU test skips.
     gpu_tests = steps["pytest -m gpu"]
     assert gpu_tests["failures"] == gpu_tests["errors"] == 0 and gpu_tests["skipped"] > 10
@@ -177,11 +196,10 @@ def assert_glued_values_printed(page: str, nb) -> None:
         assert f"{key}: " in printed, f"{page}: {key} was neither glued nor printed"
 
 
-def test_dlperf_passes_its_tests_on_the_lowest_torch(stand_in, tmp_path):
+def test_dlperf_passes_its_tests_on_the_lowest_torch(stand_in, kit_site):
     python, env = stand_in
-    site = tmp_path / "site"
-    run([python, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps", "--target", site,
-         *sorted(KIT.glob("*.whl"))], env=env, timeout=600)
+    site = kit_site
+    install_kit(python, env, site)
     env = {**env, "PYTHONPATH": f"{site}{os.pathsep}{ROOT}"}
     version = run([python, "-c", "import torch; print(torch.__version__)"], env=env).stdout
     assert version.startswith("2.11."), version
