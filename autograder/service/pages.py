@@ -1,6 +1,9 @@
-"""The submission service's pages: Tornado handlers and the HTML they write.
+"""The submission service's pages: Tornado handlers, and the HTML they render.
 
-Plain server-rendered HTML that works without JavaScript (a page waiting for a grade
+The pages are Tornado templates in ``templates/`` (one base layout with the shared
+``<head>``, the style and the title; one file per page), autoescaped: every value put in a
+page is escaped, so a learner's file name, notebook output or message can never become
+markup. Plain server-rendered HTML that works without JavaScript (a page waiting for a grade
 reloads itself with ``<meta http-equiv="refresh">``). Every handler's ``prepare`` asks the
 sign-in who is asking before anything is read; forms carry an XSRF token (Tornado's, or
 JupyterHub's on a hub), and requests signed with ``Authorization: Bearer`` (the ``submit``
@@ -18,19 +21,18 @@ import re
 import sqlite3
 import tempfile
 import time
-from html import escape
 from pathlib import Path
-from typing import List, Optional
+from typing import NamedTuple, Optional
 
+import tornado.template
 import tornado.web
 from tornado import httputil
-from tornado.escape import url_escape
 from tornado.ioloop import IOLoop
 
 from autograder.layout import MAX_NOTEBOOK_BYTES, too_big
 from autograder.options import SERVICE_FORM_OVERHEAD, SERVICE_LONG_POLL, SERVICE_REFRESH
 from autograder.service.auth import Refused, bearer
-from autograder.service.db import DONE, GRADING, QUEUED, when
+from autograder.service.db import DONE, GRADING, QUEUED, Row, when
 from autograder.feedback import mark as test_mark, test_points
 
 STYLE = ("body{font-family:system-ui,sans-serif;max-width:70rem;margin:1rem auto;padding:0 1rem}"
@@ -50,6 +52,11 @@ SECURITY_HEADERS = {
 }
 
 
+# The pages' templates, loaded once (and kept compiled); {{ value }} escapes value.
+TEMPLATES = tornado.template.Loader(str(Path(__file__).with_name("templates")),
+                                    autoescape="xhtml_escape")
+
+
 def content_security_policy(form_action: str = "") -> str:
     """The pages' policy; ``form_action``: more places a form may lead (the hub's logout,
     where the sign-out sends a browser on a hub of another origin)."""
@@ -59,27 +66,8 @@ def content_security_policy(form_action: str = "") -> str:
             "frame-ancestors 'none'; base-uri 'none'")
 
 
-def page(title: str, body: str, refresh: Optional[int] = None) -> str:
-    meta = f'<meta http-equiv="refresh" content="{refresh}">' if refresh else ""
-    return (f"<!doctype html><html><head><meta charset=utf-8>{meta}<title>{escape(title)}"
-            f"</title><style>{STYLE}</style></head><body><h1>{escape(title)}</h1>{body}"
-            "</body></html>")
-
-
-def table(header: List[str], rows: List[List[str]]) -> str:
-    """A table of cells already escaped."""
-    head = "".join(f"<th>{escape(h)}</th>" for h in header)
-    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
-    return f"<table><tr>{head}</tr>{body}</table>"
-
-
 def points(value) -> str:
     return "" if value is None else f"{value:g}"
-
-
-def phases_html(phases: dict) -> str:
-    """Seconds per grading phase, one a line (none known: graded before they were kept)."""
-    return "<br>".join(f"{escape(name)}: {seconds:.2f}" for name, seconds in phases.items())
 
 
 def sentence(message: str) -> str:
@@ -91,6 +79,23 @@ def sentence(message: str) -> str:
 class Base(tornado.web.RequestHandler):
     """Who is asking, first: every route refuses anyone the sign-in does not know."""
     instructors_only = False
+    person = None
+
+    def create_template_loader(self, template_path: str) -> tornado.template.Loader:
+        return TEMPLATES
+
+    def get_template_namespace(self) -> dict:
+        """What every template may use besides Tornado's (``handler``, ``xsrf_form_html``,
+        ``url_escape``...): the style, the person asking, and the pages' helpers."""
+        namespace = super().get_template_namespace()
+        namespace.update(style=STYLE, refresh=None, person=self.person, url=self.url,
+                         points=points, when=when, sentence=sentence, mark=test_mark,
+                         test_points=test_points, QUEUED=QUEUED, GRADING=GRADING, DONE=DONE)
+        return namespace
+
+    def page(self, template: str, **values) -> None:
+        """Answers with the page of ``template`` (a file of templates/) filled with ``values``."""
+        self.finish(self.render_string(template, **values))
 
     @property
     def service(self):
@@ -140,8 +145,7 @@ class Base(tornado.web.RequestHandler):
         if self.wants_json():
             self.finish({"error": message})
         else:
-            self.finish(page("Not possible", f"<p>{escape(sentence(message))}"
-                             f'</p><p><a href="{self.url()}">Back</a></p>'))
+            self.page("refused.html", message=message)
 
     def write_error(self, status_code: int, **kwargs) -> None:
         reason = self._reason or "error"
@@ -153,8 +157,7 @@ class Base(tornado.web.RequestHandler):
         if self.wants_json():
             self.finish({"error": reason})
         else:
-            self.finish(page(f"{status_code}: {reason}",
-                             f'<p><a href="{self.url()}">Back</a></p>'))
+            self.page("error.html", status_code=status_code, reason=reason)
 
     def upload(self, submission_id: str):
         """The upload with this id, if the person may see it (else the request is refused)."""
@@ -188,19 +191,7 @@ class SignIn(Base):
             now = await self.service.signin.person(self)
         except Refused:
             now = None
-        who, token = escape(self.person.id), escape(self.get_query_argument("token"))
-        already = ("" if now is None else
-                   f"<p>This browser is signed in as <b>{escape(now.id)}</b> now; "
-                   + ("this link is for the same person.</p>" if now == self.person else
-                      f"signing in ends that and signs it in as <b>{who}</b>.</p>"))
-        body = (already
-                + f"<p>This is the sign-in link of <b>{who}</b> ({self.person.role}). Sign in "
-                "only if it is your own link, the one your instructor sent you: whoever signs "
-                "in hands in and sees grades as that person.</p>"
-                f'<form method=post action="{self.url("signin")}">{self.xsrf_form_html()}'
-                f'<input type=hidden name=token value="{token}">'
-                f"<button>Sign in as {who}</button></form>")
-        self.finish(page(f"Sign in as {self.person.id}?", body))
+        self.page("signin.html", now=now, token=self.get_query_argument("token"))
 
     def post(self) -> None:
         self.signed_in(status=303)
@@ -215,53 +206,16 @@ class SignOut(Base):
         then = self.service.signin.sign_out(self)
         if then:  # on a hub: sign out of the hub too
             return self.redirect(then, status=303)
-        self.finish(page("Signed out", "<p>This browser's session has ended. Use your sign-in "
-                                       "link to come back.</p>"))
-
-
-def signed_in_as(handler) -> str:
-    return (f'<p>Signed in as <b>{escape(handler.person.id)}</b> ({handler.person.role}). '
-            f'<form class=inline method=post action="{handler.url("signout")}">'
-            f'{handler.xsrf_form_html()}<button>Sign out</button></form></p>')
+        self.page("signed_out.html")
 
 
 class Home(Base):
     def get(self) -> None:
         service = self.service
         rows = service.store.rows("WHERE student = ? ORDER BY id DESC", (self.person.id,))
-        options = "".join(f"<option>{escape(a)}</option>" for a in service.assignments)
-        rules = []
-        for name in service.assignments:
-            rule = service.config.rules[name]
-            deadline = f"{rule.deadline:%Y-%m-%d %H:%M %Z}" if rule.deadline else "none"
-            late = ("refused" if rule.late == "refuse" else
-                    f"{rule.penalty_per_day:.0%} of the points off per day")
-            rules.append([escape(name), escape(deadline), escape(late),
-                          str(rule.attempts_per_hour), escape(rule.counts)])
-        # the XSRF token in the address too: the upload's body is read only after the
-        # checks, so a token only inside it would come too late
-        token = self.xsrf_token.decode() if isinstance(self.xsrf_token, bytes) \
-            else self.xsrf_token
-        action = escape(f"{self.url('submit')}?_xsrf={url_escape(token)}")
-        form = (f'<form method=post action="{action}" '
-                'enctype="multipart/form-data">'
-                f'{self.xsrf_form_html()}<label>Assignment <select name=assignment>{options}'
-                '</select></label> <input type=file name=notebook accept=".ipynb" required> '
-                '<button>Hand in</button></form>')
-        body = (signed_in_as(self)
-                + (f'<p><a href="{self.url("instructor")}">Instructor page</a></p>'
-                   if self.person.instructor else "")
-                + "<h2>Hand in a notebook</h2>" + form
-                + table(["assignment", "deadline", "late uploads", "uploads an hour",
-                         "attempt that counts"], rules)
-                + "<h2>Your attempts</h2>"
-                + table(["#", "assignment", "attempt", "uploaded", "state", "score"],
-                        [[f'<a href="{self.url("submissions/" + r.key)}">{n}</a>',
-                          escape(r.assignment),
-                          str(r.attempt), when(r.created), r.state,
-                          f"{points(r.counted_score)}/{points(r.max_score)}"
-                          if r.state == DONE else ""] for n, r in zip(range(len(rows), 0, -1), rows)]))
-        self.finish(page("Hand in and get feedback", body))
+        self.page("home.html", assignments=service.assignments,
+                  rules=[(name, service.config.rules[name]) for name in service.assignments],
+                  attempts=list(zip(range(len(rows), 0, -1), rows)))
 
 
 UPLOAD_BODY = MAX_NOTEBOOK_BYTES + SERVICE_FORM_OVERHEAD  # the largest upload body read
@@ -404,32 +358,6 @@ class Health(tornado.web.RequestHandler):
         self.finish(data)
 
 
-def feedback_html(data: dict, prefix: str = "/") -> str:
-    if data["state"] == QUEUED:
-        return (f"<p>Queued: number <b>{data['position']}</b> in the queue. This page "
-                "reloads itself.</p>")
-    if data["state"] == GRADING:
-        return "<p>Being graded now. This page reloads itself.</p>"
-    parts = [f"<p>Score: <b>{points(data['counted_score'])}/{points(data['max_score'])}</b> "
-             f"points ({escape(data['status'])}), graded {escape(data['graded'])} in "
-             f"{data['seconds']:.1f} s."
-             + (f" Handed in {data['days_late']} day(s) late: {points(data['penalty'])} "
-                "point(s) off." if data["penalty"] else "") + "</p>",
-             f"<p>{escape(data['message'] or '')}</p>"]
-    rows = []
-    for test in data["tests"]:
-        mark = test_mark(test)
-        rows.append([f'<span class="{mark}">{escape(mark)}</span>',
-                     escape(test["name"]) + (" (hidden test)" if test["hidden"] else ""),
-                     escape(test_points(test)),
-                     f"<pre>{escape(test['output'] or '')}</pre>"])
-    parts.append(table(["result", "test", "points", "message"], rows))
-    if data.get("has_notebook"):
-        parts.append(f'<p><a href="{prefix}submissions/{data["id"]}/notebook">Download the '
-                     "executed notebook</a></p>")
-    return "".join(parts)
-
-
 class Feedback(Base):
     async def get(self, submission_id: str, suffix: Optional[str]) -> None:
         row = self.upload(submission_id)
@@ -448,11 +376,8 @@ class Feedback(Base):
         data = self.service.feedback(row)
         if suffix == ".json":
             return self.finish(data)
-        body = (f"<p>{escape(row.student)}, {escape(row.assignment)}, attempt {row.attempt}, "
-                f"uploaded {escape(data['uploaded'])}. <a href=\"{self.url()}\">Back</a></p>"
-                + feedback_html(data, self.url()))
-        self.finish(page(f"Feedback: {row.assignment}, attempt {row.attempt}", body,
-                         refresh=SERVICE_REFRESH if row.state != DONE else None))
+        self.page("feedback.html", row=row, data=data,
+                  refresh=SERVICE_REFRESH if row.state != DONE else None)
 
 
 class Notebook(Base):
@@ -468,6 +393,13 @@ class Notebook(Base):
         self.finish(Path(row.executed).read_bytes())
 
 
+class Cell(NamedTuple):
+    """One learner's uploads of one notebook, on the instructor's page."""
+    row: Optional[Row]  # the attempt that counts (None: none graded yet)
+    attempts: int
+    pending: int  # not graded yet
+
+
 class Instructor(Base):
     instructors_only = True
 
@@ -476,63 +408,23 @@ class Instructor(Base):
         rows = service.store.rows("ORDER BY id")
         counted = service.counted_rows()
         columns = [(a, n) for a in service.assignments for n in sorted(service.sources[a])]
-        learners = service.learners()
         matrix = []
-        for learner in learners:
-            line = [escape(learner)]
+        for learner in service.learners():
+            cells = []
             for assignment, notebook in columns:
                 mine = [r for r in rows if (r.student, r.assignment, r.notebook)
                         == (learner, assignment, notebook)]
-                row = counted.get((learner, assignment, notebook))
-                if not mine:
-                    line.append("")
-                    continue
-                pending = sum(r.state != DONE for r in mine)
-                cell = (f'<a href="{self.url("submissions/" + row.key)}">'
-                        f'{points(row.counted_score)}/'
-                        f'{points(row.max_score)}</a> {escape(row.status or "")}<br>'
-                        f'{when(row.finished)}<br>' if row else "")
-                line.append(cell + f"{len(mine)} attempt(s)"
-                            + (f", {pending} waiting" if pending else ""))
-            matrix.append(line)
-        order = service.store.queue()
+                cells.append(Cell(counted.get((learner, assignment, notebook)), len(mine),
+                                  sum(r.state != DONE for r in mine)) if mine else None)
+            matrix.append((learner, cells))
         by_id = {r.id: r for r in rows}
-        queue = [[str(i + 1), f'<a href="{self.url("submissions/" + by_id[n].key)}">{n}</a>',
-                  escape(by_id[n].student), escape(by_id[n].assignment),
-                  when(by_id[n].created)] for i, n in enumerate(order)]
-        queue += [["grading", f'<a href="{self.url("submissions/" + r.key)}">{r.id}</a>',
-                   escape(r.student),
-                   escape(r.assignment), when(r.created)] for r in rows if r.state == GRADING]
-        every = []
-        for r in reversed(rows):
-            waited = f"{r.started - r.created:.1f}" if r.started else ""
-            link = self.url(f"submissions/{r.key}")
-            links = f'<a href="{link}">feedback</a>' + (
-                f' <a href="{link}/notebook">notebook</a>' if r.executed else "")
-            every.append([str(r.id), escape(r.student), escape(r.assignment), str(r.attempt),
-                          r.state, escape(r.status or ""),
-                          f"{points(r.counted_score)}/{points(r.max_score)}"
-                          if r.state == DONE else "", points(r.penalty) if r.penalty else "",
-                          when(r.created), waited, points(r.seconds),
-                          phases_html(r.phase_seconds), str(r.gradings), links])
-        body = (signed_in_as(self)
-                + f'<p><a href="{self.url("instructor/grades.csv")}">grades.csv</a> (the '
-                'attempts that '
-                'count; the columns of <code>python -m autograder grade</code>)</p>'
-                + f'<form method=post action="{self.url("instructor/regrade")}">'
-                f'{self.xsrf_form_html()}'
-                '<button>Regrade all</button> (queues every attempt that counts again)</form>'
-                + "<h2>Learners and assignments</h2>"
-                + table(["learner"] + [a if len(service.sources[a]) == 1 else f"{a}/{n}"
-                                       for a, n in columns], matrix)
-                + f"<h2>Queue ({len(queue)})</h2>"
-                + table(["place", "#", "learner", "assignment", "uploaded"], queue)
-                + "<h2>Every upload</h2>"
-                + table(["#", "learner", "assignment", "attempt", "state", "status", "score",
-                         "late penalty", "uploaded", "waited (s)", "graded in (s)",
-                         "of which (s)", "gradings", ""], every))
-        self.finish(page("Instructor: submissions", body,
-                         refresh=SERVICE_REFRESH if queue else None))
+        queue = [(str(i + 1), by_id[n]) for i, n in enumerate(service.store.queue())]
+        queue += [("grading", r) for r in rows if r.state == GRADING]
+        self.page("instructor.html",
+                  columns=[a if len(service.sources[a]) == 1 else f"{a}/{n}"
+                           for a, n in columns],
+                  matrix=matrix, queue=queue, every=list(reversed(rows)),
+                  refresh=SERVICE_REFRESH if queue else None)
 
 
 class GradesCsv(Base):
