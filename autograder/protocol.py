@@ -28,6 +28,10 @@ TARGETS = (KERNEL_TARGET, LAYERS_PROBE_TARGET, CHECKS_TARGET, DEVICE_PROBE_TARGE
 EVIDENCE_MIME = "application/vnd.autograder.evidence+json"
 EVIDENCE_MODULE = "autograder.kernel.evidence"
 
+# What a kernel imports of this package besides its target, before the learner's code runs
+# (a fork server preloads them, so no kernel pays for them).
+KERNEL_IMPORTS = ("autograder.kernel.confine", EVIDENCE_MODULE)
+
 # Marks of the executed notebook: the error name of a cell stopped at its time limit, and the
 # cell metadata key under which the kernel's reply to each cell is kept.
 TIMEOUT_ENAME = "CellTimeoutError"

@@ -4,7 +4,7 @@ Each subpackage may import only the parts the table below allows (the layering),
 takes part in an import cycle, the kernel's side of the sandbox and the grader's side share
 nothing but :mod:`autograder.protocol` (which names the targets the grader starts), and each limit has one home. Imports are read with
 ``ast``, inside functions too; a ``"module:function"`` string (a target a spawner starts)
-counts as an import of its module.
+or a module's dotted name in a string (one to preload) counts as an import of its module.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "autograder"
-TARGET = re.compile(r"^autograder(\.\w+)+:\w+$")
+TARGET = re.compile(r"^autograder(\.\w+)+(:\w+)?$")  # a target, or a module named to import
 
 # Part -> the parts it may import (besides itself). A part is a subpackage or a top-level
 # module. The trust boundary: nothing imports `kernel` (the protocol names its targets), and

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Iterable, List
 
-from autograder.protocol import EVIDENCE_MODULE, TARGETS
+from autograder.protocol import KERNEL_IMPORTS, TARGETS
 
 # Worth preloading for any kernel: what every Python kernel imports at start-up.
 KERNEL_MODULES = (
@@ -26,7 +26,7 @@ KERNEL_MODULES = (
 # The grader's own targets (kernel, checks, probes) and what a kernel imports of the package:
 # imported once in the server, not in every child.
 TARGET_MODULES = tuple(dict.fromkeys(
-    [target.partition(":")[0] for target in TARGETS] + ["autograder.kernel.confine", EVIDENCE_MODULE]))
+    [target.partition(":")[0] for target in TARGETS] + list(KERNEL_IMPORTS)))
 
 
 def kernel_preload(notebooks: Iterable[Path]) -> List[str]:

@@ -37,7 +37,6 @@ from typing import Callable, Dict, Iterable, List, Optional, Protocol, Sequence
 from autograder.options import KERNELS
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the folder that holds autograder/
-KINDS = KERNELS  # the spawners, as --kernel names them
 
 
 def fork_supported() -> bool:
@@ -100,8 +99,8 @@ def open_spawner(kind: str, preload: Iterable[str] = (),
     """The run's spawner: a fork server that preloads ``preload`` where ``kind`` is fork
     and the platform can fork, else a fresh interpreter per process. ``env`` is the
     environment of the processes it starts (None: an empty one, never this process's)."""
-    if kind not in KINDS:
-        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    if kind not in KERNELS:  # the spawners, as --kernel names them
+        raise ValueError(f"kind must be one of {KERNELS}, got {kind!r}")
     if kind == "fork" and fork_supported():
         return ForkServer(preload, env)
     return FreshInterpreter(env)
