@@ -10,7 +10,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: help setup book instructor-book gpu-status gpu-kit browser hub-proxy test check clean
+.PHONY: help setup book instructor-book gpu-status gpu-kit gpu-rehearsal browser hub-proxy test check clean
 
 help:
 	@echo "make book             set up .venv (once) and build the book into _build/html, executing every chapter"
@@ -18,9 +18,12 @@ help:
 	@echo "make gpu-status       on a GPU machine: run every chapter afresh and record it in status/gpu-runs.json"
 	@echo "make gpu-kit          download into _build/gpu-kit the wheels an offline GPU machine needs for"
 	@echo "                      scripts/gpu-run (the chapters, the grader and the GPU tests there)"
-	@echo "make test             set up .venv (once) and run the whole test suite (includes a real book build"
-	@echo "                      and a headless Chromium walking it; Chromium is installed with apt-get if missing,"
-	@echo "                      and JupyterHub's proxy with npm into _build/hub-proxy for the service's hub test)"
+	@echo "make test             set up .venv (once) and run the test suite but the GPU kit's rehearsal (it includes"
+	@echo "                      a real book build and a headless Chromium walking it; Chromium is installed with"
+	@echo "                      apt-get if missing, and JupyterHub's proxy with npm into _build/hub-proxy)"
+	@echo "make gpu-rehearsal    the GPU kit rehearsed on a CPU: a second environment (Python 3.12, PyTorch 2.11,"
+	@echo "                      what the GPU machines have) runs scripts/gpu-run and dlperf's tests; CI runs it"
+	@echo "                      after make test (tests/test_gpu_kit.py, pytest -m gpu_kit)"
 	@echo "make check            the everyday tier: unit tests and the fast grader tests, no book build and no"
 	@echo "                      real assignment graded (pytest -m 'not integration'; a few minutes)"
 	@echo "make clean            remove _build (the built book and the execution cache)"
@@ -68,13 +71,20 @@ hub-proxy: setup
 	@$(PY) -m tests.hub --install
 
 test: setup browser hub-proxy
-	@echo "==> Running the test suite"
-	$(PY) -m pytest
+	@echo "==> Running the test suite (the GPU kit's rehearsal is make gpu-rehearsal)"
+	$(PY) -m pytest -m "not gpu_kit"
+
+# The lowest PyTorch the course supports and the offline GPU machines' run, on a CPU: its own
+# environment (about 5 GB) and a second run of every chapter, so a tier of its own, like the
+# lowest-version entry of a CI matrix. CI runs it after `make test`.
+gpu-rehearsal: setup
+	@echo "==> Rehearsing the GPU kit on the PyTorch 2.11 stand-in (_build/gpu-stand-in)"
+	$(PY) -m pytest -m gpu_kit
 
 # Everyday work: everything not marked integration (tests/conftest.py also marks every test that
-# needs the built book). `make test` stays the whole suite.
+# needs the built book). `make test` stays the whole suite but the GPU kit's rehearsal.
 check: setup
-	@echo "==> Running the quick tier (unit tests and fast grader tests; make test runs everything)"
+	@echo "==> Running the quick tier (unit tests and fast grader tests; make test runs everything else)"
 	$(PY) -m pytest -m "not integration"
 
 clean:

@@ -46,7 +46,9 @@ WHEEL = re.compile(r"^(?P<name>[^-]+)-(?P<version>[^-]+)(-\d[^-]*)?-(?P<python>[
 sys.path.insert(0, str(ROOT / "scripts"))
 import gpu_kit  # noqa: E402  (scripts/ is no package)
 
-pytestmark = pytest.mark.integration
+# A tier of its own (``make gpu-rehearsal``, which CI runs after ``make test``): a second
+# environment and a second run of every chapter, like a CI matrix's lowest-version entry.
+pytestmark = [pytest.mark.integration, pytest.mark.gpu_kit]
 
 
 def installs_on_python_312(python: str, abi: str) -> bool:
