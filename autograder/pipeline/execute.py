@@ -30,13 +30,15 @@ import shutil
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Callable, Dict, Optional
 
 import nbformat
 
-from autograder.protocol import REPLY_KEY, TIMEOUT_ENAME
+from autograder.pipeline.speed import SpeedTest
+from autograder.pipeline.timing import SetupProblem, SpeedRun, TimedKernel, measure
+from autograder.protocol import REPLY_KEY, TIMEOUT_ENAME, reply_status
 from autograder.sandbox.cgroups import ResourceGroup
 from autograder.sandbox.kernel_manager import KernelLaunch, manager_class
 from autograder.options import FLOOD_FACTOR, KERNEL_START_TIMEOUT, MEMORY_POLL, Limits, default
@@ -58,6 +60,7 @@ class Execution:
     peak_processes: int = 0  # the most processes and threads it had at once (0: unknown)
     kernel_start: float = 0.0  # seconds of ``seconds`` until the kernel answered (all of
     #                            them if it never did); the rest ran the cells and stopped it
+    speed: Dict[str, dict] = field(default_factory=dict)  # by cell id: what timing measured
 
     @property
     def completed(self) -> bool:
@@ -143,11 +146,29 @@ def _register_engine() -> str:
     from papermill.engines import NBClientEngine, papermill_engines
     from papermill.utils import merge_kwargs, remove_args
 
+    from nbclient.util import run_sync
+
     class CappedClient(PapermillNotebookClient):
-        def __init__(self, nb_man, *, output_limit: int, on_flood, **kwargs):
+        def __init__(self, nb_man, *, output_limit: int, on_flood, speed=None, **kwargs):
             super().__init__(nb_man, **kwargs)
             self.output_limit, self.on_flood = output_limit, on_flood
             self.kept, self.noted = 0, False
+            self.speed: Optional[SpeedRun] = speed
+
+        async def async_execute_cell(self, cell, cell_index, execution_count=None,
+                                     store_history=True):
+            cell = await super().async_execute_cell(cell, cell_index, execution_count,
+                                                    store_history)
+            run = self.speed
+            if run is not None and cell.get("id") in run.tests and reply_status(cell) == "ok":
+                learner = TimedKernel(self.kc, run.group, self.km.interrupt_kernel,
+                                      freeze_between=True)
+                test = run.tests[cell["id"]]
+                run.results[cell["id"]] = await measure(
+                    test, run.device, run.seed, learner, run.start_clean, test.clean_source)
+            return cell
+
+        execute_cell = run_sync(async_execute_cell)
 
         def output(self, outs, msg, display_id, cell_index):
             self.kept += _output_size(msg)
@@ -195,13 +216,72 @@ def _watch_memory(launch: KernelLaunch, limit: int, done: threading.Event, seen:
             return
 
 
+@dataclass
+class CleanPlace:
+    """Where a speed test's clean kernel runs: nothing of the learner's is in it."""
+    workdir: Path
+    group: Optional[ResourceGroup]
+    sandbox: Optional[dict]
+    env: Dict[str, str]
+    close: Callable[[], None]
+
+
+def _launch(workdir: Path, spawner: Spawner, env: Optional[Dict[str, str]],
+            threads: Optional[int], log: Optional[Path],
+            sandbox: Optional[dict]) -> KernelLaunch:
+    sockets = None
+    if sandbox:  # the kernel's Unix sockets: a folder of their own beside its working one
+        sockets = Path(tempfile.mkdtemp(prefix="ipc-", dir=Path(workdir).parent))
+        sandbox = {**sandbox, "sockets": str(sockets)}
+    return KernelLaunch(cwd=Path(workdir), spawner=spawner, env=dict(env or {}),
+                        threads=threads, log=str(log) if log else None, sandbox=sandbox,
+                        sockets=sockets)
+
+
+def _stop(launch: KernelLaunch) -> None:
+    launch.stop()  # the kernel, and everything it started
+    if launch.sockets is not None:
+        shutil.rmtree(launch.sockets, ignore_errors=True)
+
+
+def _clean_kernels(place: Callable[[], CleanPlace], spawner: Spawner,
+                   threads: Optional[int]):
+    """A function that starts a clean kernel for a speed test (see :mod:`.timing`)."""
+    async def start() -> TimedKernel:
+        where = place()
+        launch = _launch(where.workdir, spawner, where.env, threads, None, where.sandbox)
+        manager = manager_class(launch)(kernel_name=KERNEL_NAME)
+        client = None
+
+        def close() -> None:
+            if client is not None:
+                client.stop_channels()
+            _stop(launch)
+            where.close()
+        try:
+            await manager.start_kernel()
+            client = manager.client()
+            client.start_channels()
+            await client.wait_for_ready(timeout=KERNEL_START_TIMEOUT)
+        except Exception as error:
+            close()
+            raise SetupProblem(f"a clean kernel did not start: {type(error).__name__}: "
+                               f"{error}") from None
+        # Kept still between requests as the learner's is, so both wake alike.
+        return TimedKernel(client, where.group, manager.interrupt_kernel, freeze_between=True,
+                           on_close=close)
+    return start
+
+
 def execute(nb: nbformat.NotebookNode, workdir: Path, *, parameters: Dict[str, object],
             spawner: Spawner, limits: Limits = Limits(),
             env: Optional[Dict[str, str]] = None, threads: Optional[int] = None,
             log: Optional[Path] = None, sandbox: Optional[dict] = None,
             memory_limit: Optional[int] = None,
             output_limit: int = default("output_limit"),
-            group: Optional[ResourceGroup] = None) -> Execution:
+            group: Optional[ResourceGroup] = None,
+            speed_tests: Optional[Dict[str, SpeedTest]] = None, seed: int = 0,
+            clean_place: Optional[Callable[[], CleanPlace]] = None) -> Execution:
     """Execute ``nb`` with papermill in a new kernel whose working directory is ``workdir``.
 
     ``parameters`` go into the notebook the papermill way (an ``injected-parameters``
@@ -209,7 +289,8 @@ def execute(nb: nbformat.NotebookNode, workdir: Path, *, parameters: Dict[str, o
     environment; ``spawner`` starts the kernel's process (forked or fresh); ``threads``
     caps PyTorch/OpenMP threads in the kernel. ``group`` (the kernel's cgroup, which
     ``sandbox`` names) bounds its memory; without one a watchdog stops a kernel that holds
-    more than ``memory_limit`` bytes.
+    more than ``memory_limit`` bytes. ``speed_tests`` (by cell id) are timed right after
+    their cell ran, against clean kernels that ``clean_place`` makes room for.
     """
     from nbclient.exceptions import CellTimeoutError, DeadKernelError
     from papermill.engines import papermill_engines
@@ -218,13 +299,11 @@ def execute(nb: nbformat.NotebookNode, workdir: Path, *, parameters: Dict[str, o
     nb = _prepare_for_papermill(copy.deepcopy(nb))
     nb = parameterize_notebook(nb, parameters, kernel_name=KERNEL_NAME, language="python",
                                comment="Parameters injected by the autograder")
-    sockets = None
-    if sandbox:  # the kernel's Unix sockets: a folder of their own beside its working one
-        sockets = Path(tempfile.mkdtemp(prefix="ipc-", dir=Path(workdir).parent))
-        sandbox = {**sandbox, "sockets": str(sockets)}
-    launch = KernelLaunch(cwd=Path(workdir), spawner=spawner, env=dict(env or {}),
-                          threads=threads, log=str(log) if log else None, sandbox=sandbox,
-                          sockets=sockets)
+    launch = _launch(workdir, spawner, env, threads, log, sandbox)
+    speed = None
+    if speed_tests and clean_place is not None:
+        speed = SpeedRun(speed_tests, str(parameters.get("autograder_device", "cpu")), seed,
+                         group, _clean_kernels(clean_place, spawner, threads))
     watchdog = threading.Timer(limits.notebook, launch.kill)
     watchdog.daemon = True
     flooded = threading.Event()
@@ -258,7 +337,7 @@ def execute(nb: nbformat.NotebookNode, workdir: Path, *, parameters: Dict[str, o
             shutdown_kernel="immediate",
             on_cell_executed=_record_reply,
             on_notebook_start=lambda **_: ready.append(time.perf_counter()),
-            output_limit=output_limit, on_flood=on_flood,
+            output_limit=output_limit, on_flood=on_flood, speed=speed,
         )
     except DeadKernelError:
         ended = "kernel-died"
@@ -277,9 +356,7 @@ def execute(nb: nbformat.NotebookNode, workdir: Path, *, parameters: Dict[str, o
     finally:
         watchdog.cancel()
         done.set()
-        launch.stop()  # whatever nbclient left running, and everything the kernel started
-        if sockets is not None:
-            shutil.rmtree(sockets, ignore_errors=True)
+        _stop(launch)  # whatever nbclient left running, and everything the kernel started
     seconds = time.perf_counter() - start
     if group is not None:
         memory["peak"] = group.memory_peak()
@@ -303,4 +380,5 @@ def execute(nb: nbformat.NotebookNode, workdir: Path, *, parameters: Dict[str, o
     return Execution(notebook=nb, seconds=seconds, ended=ended, message=message,
                      peak_memory=memory.get("peak", 0),
                      peak_processes=group.process_peak() if group is not None else 0,
-                     kernel_start=(ready[0] - start) if ready else seconds)
+                     kernel_start=(ready[0] - start) if ready else seconds,
+                     speed=dict(speed.results) if speed is not None else {})

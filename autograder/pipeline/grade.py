@@ -24,7 +24,7 @@ from autograder.layout import SourceNotebook, Submission, notebook_from_bytes, s
 from autograder.options import MAX_CELLS, GradeOptions
 from autograder.pipeline.checks import evidence_of
 from autograder.pipeline.checks_process import ChecksSetupError, run_checks_isolated
-from autograder.pipeline.execute import Execution, execute
+from autograder.pipeline.execute import CleanPlace, Execution, execute
 from autograder.pipeline.judge import FAILED, SKIPPED, TestResult, judge
 from autograder.pipeline.rebuild import Rebuilt, rebuild
 from autograder.pipeline.result import (CELLS, CHECKS, ERROR, GRADED, INVALID, JUDGE, KERNEL_START,
@@ -32,8 +32,8 @@ from autograder.pipeline.result import (CELLS, CHECKS, ERROR, GRADED, INVALID, J
                                         summary, timed_out_cells)
 from autograder.sandbox.cgroups import ResourceGroup
 from autograder.sandbox.spawn import Spawner
-from autograder.sandbox.workdir import (kernel_environment, prepare_workdir, run_dir,
-                                        sandbox_policy)
+from autograder.sandbox.workdir import (clean_workdir, kernel_environment, prepare_workdir,
+                                        run_dir, sandbox_policy)
 
 
 def planned_tests(source: SourceNotebook, device: str) -> Rebuilt:
@@ -91,6 +91,20 @@ def _run_in_sandbox(rebuilt: Rebuilt, submission: Submission, source: SourceNote
     os.close(handle)
     log = Path(name)  # the kernel's own stderr: why it failed to start, if it does
     phase(PREPARE)
+    speed_tests = {t.cell_id: t.speed for t in rebuilt.tests if t.speed and not t.skipped}
+
+    def clean_place() -> CleanPlace:
+        """A speed test's clean kernel's place: the same limits, no file of the learner's."""
+        folder = clean_workdir(source)
+        clean_group = ResourceGroup.create(options.memory_limit, options.processes)
+
+        def close() -> None:
+            if clean_group is not None:
+                clean_group.close()
+            shutil.rmtree(folder, ignore_errors=True)
+        rules = sandbox_policy(submission, source, folder, options, clean_group)
+        return CleanPlace(folder, clean_group, rules.to_dict(),
+                          kernel_environment(folder, options), close)
     try:
         return execute(rebuilt.notebook, workdir,
                        parameters={"autograder_device": options.device,
@@ -98,7 +112,8 @@ def _run_in_sandbox(rebuilt: Rebuilt, submission: Submission, source: SourceNote
                        limits=options.limits, env=kernel_environment(workdir, options),
                        spawner=spawner, threads=options.threads, log=log,
                        sandbox=policy.to_dict(), memory_limit=options.memory_limit,
-                       output_limit=options.output_limit, group=group)
+                       output_limit=options.output_limit, group=group,
+                       speed_tests=speed_tests, seed=rebuilt.seed, clean_place=clean_place)
     finally:
         if group is not None:
             group.close()
@@ -179,7 +194,7 @@ def grade_submission(submission: Submission, source: Optional[SourceNotebook],
         return finish(result)
     phase(CHECKS)
     tests = judge(execution.notebook, rebuilt.tests, rebuilt.manual, stopped=execution.message,
-                  checked=checked)
+                  checked=checked, timed=execution.speed)
     stopped_by_a_limit = execution.ended in ("notebook-timeout", "unresponsive")
     # A cell interrupted at the cell limit matters only if some test lost points.
     costly = timed_out_cells(execution.notebook) and any(

@@ -28,13 +28,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Optional
+from typing import Dict, Iterable, List, Optional, Tuple
 
 import nbformat
 
 from autograder.pipeline.checks import CheckOutcome, evidence_of
 from autograder.protocol import TIMEOUT_ENAME, reply_status
 from autograder.pipeline.rebuild import ManualCell, TestCell
+from autograder.pipeline.speed import points_for
 
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 ARROW = re.compile(r"^\s*-*>\s*\d+\s(.*)$")  # IPython's "----> 3 assert x == 1"
@@ -57,6 +58,7 @@ class TestResult:
     outcome: str       # passed, partial, failed, not-run, skipped, manual or hidden-only
     output: str        # feedback for the learner (no hidden test source)
     hidden: bool = False
+    speed: Optional[dict] = None  # a speed test's measurement (see .timing), for the record
 
     @property
     def counts(self) -> bool:
@@ -114,13 +116,46 @@ def _stdout(outputs: Iterable[dict]) -> str:
                    if o.get("output_type") == "stream" and o.get("name") == "stdout")
 
 
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3g} ms" if seconds < 1 else f"{seconds:.3g} s"
+
+
+def speed_verdict(test: TestCell, timed: Optional[dict]) -> Tuple[float, str, str]:
+    """(points, outcome, feedback) of a speed test whose cell ran, from what was timed."""
+    if not timed:
+        return 0.0, FAILED, "Failed: the speed test was not timed."
+    if timed.get("setup"):
+        return 0.0, FAILED, f"Not timed: the grader could not run the speed test ({timed['setup']})."
+    if timed.get("problem"):
+        return 0.0, FAILED, f"No speed points: {timed['problem']}."
+    device = timed["device"]
+    low, high = test.speed.points[device]
+    speedup = timed["speedup"]
+    earned = points_for(speedup, (low, high), test.points, test.speed.step)
+    lines = [f"{speedup:.2f} times as fast as the baseline on the {device.upper()} "
+             f"(95 % interval {timed['low']:.2f} to {timed['high']:.2f}, "
+             f"{timed['rounds']} rounds of {timed['calls']} call(s) each): "
+             f"{_ms(timed['candidate_seconds'])} per call, the baseline "
+             f"{_ms(timed['baseline_seconds'])} (medians).",
+             f"Points: none at {low:g} times or less, all {test.points:g} at {high:g} times "
+             f"or more; {earned:g} here."]
+    if not timed.get("verified"):
+        lines.append("This machine could not keep the kernel still between timed calls or "
+                     "count its CPU time, so the timing is not a grade here: no points.")
+        earned = 0.0
+    outcome = PASSED if earned >= test.points else (PARTIAL if earned > 0 else FAILED)
+    return earned, outcome, "\n".join(lines)
+
+
 def judge_test(cell: Optional[dict], test: TestCell, stopped: str = "",
-               checked: Optional[CheckOutcome] = None) -> TestResult:
+               checked: Optional[CheckOutcome] = None,
+               timed: Optional[dict] = None) -> TestResult:
     """The verdict on one test from its executed cell (``None`` if the cell is absent)
-    and, for a test split into probe and checks, the outcome of its trusted checks."""
+    and, for a test split into probe and checks, the outcome of its trusted checks; for a
+    speed test, what the grader timed."""
     def result(score: float, outcome: str, output: str) -> TestResult:
         return TestResult(test.grade_id, test.points, round(score, 6), outcome,
-                          _clip(output), test.hidden)
+                          _clip(output), test.hidden, timed if test.speed else None)
 
     if test.skipped:
         return result(0.0, SKIPPED,
@@ -140,6 +175,8 @@ def judge_test(cell: Optional[dict], test: TestCell, stopped: str = "",
         return result(0.0, FAILED, "Failed: the kernel never confirmed that this test ran to "
                       f"its end (its answer: {reply_status(cell) or 'none'}).")
     shown = "" if test.hidden else _stdout(outputs)
+    if test.speed is not None:
+        return result(*speed_verdict(test, timed))
     if test.checks is not None:
         reports, problem = evidence_of(cell)
         if problem or not reports:
@@ -163,15 +200,18 @@ def judge_test(cell: Optional[dict], test: TestCell, stopped: str = "",
 
 def judge(executed: nbformat.NotebookNode, tests: List[TestCell],
           manual: Iterable[ManualCell] = (), stopped: str = "",
-          checked: Optional[Dict[str, CheckOutcome]] = None) -> List[TestResult]:
+          checked: Optional[Dict[str, CheckOutcome]] = None,
+          timed: Optional[Dict[str, dict]] = None) -> List[TestResult]:
     """Verdicts for every test of ``tests`` (in order), then one per manually graded cell.
 
     ``stopped`` says why the run ended early, if it did; it explains tests not run.
-    ``checked`` holds the outcomes of the trusted checks, by grade id.
+    ``checked`` holds the outcomes of the trusted checks, by grade id; ``timed`` what the
+    speed tests measured, by cell id.
     """
     by_id: Dict[str, dict] = {cell.get("id"): cell for cell in executed.cells}
-    checked = checked or {}
-    results = [judge_test(by_id.get(test.cell_id), test, stopped, checked.get(test.grade_id))
+    checked, timed = checked or {}, timed or {}
+    results = [judge_test(by_id.get(test.cell_id), test, stopped, checked.get(test.grade_id),
+                          timed.get(test.cell_id))
                for test in tests]
     for cell in manual:
         note = ("Graded by a person." if cell.answered

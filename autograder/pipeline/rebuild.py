@@ -40,13 +40,14 @@ The result also lists the test cells to judge, by the cell id given to each here
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Dict, List, Optional
 
 import nbformat
 from nbformat.v4 import new_notebook
 
 from autograder.pipeline.checks import SEED_NAME, assigns_seed, probe_source, setup_names, split_test
+from autograder.pipeline.speed import SpeedTest, clean_source, declaration
 from autograder.options import CPU, DEVICES, PROFILES, QUICK
 
 GPU_SUFFIX = "_gpu"
@@ -72,6 +73,7 @@ class TestCell:
     skipped: bool    # not run on this device
     checks: Optional[str] = None  # run by the grader on the probe's report (see .checks)
     visible_source: str = ""      # what learners were shown of the cell
+    speed: Optional[SpeedTest] = None  # a speed test: timed by the grader (see .speed)
 
 
 @dataclass(frozen=True)
@@ -487,12 +489,19 @@ def rebuild(reference: nbformat.NotebookNode, submitted: nbformat.NotebookNode, 
             if skipped:
                 cell.metadata.setdefault("tags", []).append("skip-execution")
             cell["id"] = f"test-{number}"
-            split = split_test(ref.source, known)
+            speed = declaration(ref.source)
+            if speed is not None:
+                speed = replace(speed, clean_source=clean_source(setup_code, ref.source,
+                                                                 speed.candidate))
+            if speed is not None and device not in speed.points:
+                skipped = True  # no schedule for this device: its points are not at stake
+                cell.metadata.setdefault("tags", []).append("skip-execution")
+            split = split_test(ref.source, known) if speed is None else None
             if split is not None:
                 cell.source = probe_source(split)  # the checks stay with the grader
             tests.append(TestCell(gid, points, cell["id"], HIDDEN_BEGIN in ref.source,
                                   gpu_only, skipped, split.checks if split else None,
-                                  visible_part(ref.source)))
+                                  visible_part(ref.source), speed))
         if is_setup(ref) and assigns_seed(ref.source):
             cells.append(cell)
             seed_cell = _fresh("code", f"{SEED_NAME} = {int(seed)}  # this run's test inputs", {})

@@ -87,9 +87,12 @@ def gradescope(result: SubmissionResult) -> dict:
                  "extra_data": {"outcome": test.outcome, "points": test.max_score}}
         if test.counts:
             entry["status"] = "passed" if test.score >= test.max_score else "failed"
+        if test.speed is not None:
+            entry["extra_data"]["speed"] = test.speed
         tests.append(entry)
     sub = result.submission
-    return {
+    board = leaderboard(result)
+    return {**({"leaderboard": board} if board else {}),
         "score": result.score,
         "execution_time": max(1, round(result.seconds)),
         "output": f"{result.status}: {result.message}",
@@ -102,6 +105,14 @@ def gradescope(result: SubmissionResult) -> dict:
                        "peak_memory_mib": round(result.peak_memory / 2**20),
                        "peak_processes": result.peak_processes},
     }
+
+
+def leaderboard(result: SubmissionResult) -> List[dict]:
+    """Gradescope's leaderboard entries: each speed test's measured speedup (higher is
+    better), on the device it ran on."""
+    return [{"name": f"{test.grade_id} speedup ({test.speed['device']})",
+             "value": round(test.speed["speedup"], 3), "order": "desc"}
+            for test in result.tests if test.speed and "speedup" in test.speed]
 
 
 def submission_dir(out: Path, result: SubmissionResult) -> Path:

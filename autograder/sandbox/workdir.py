@@ -69,12 +69,24 @@ def prepare_workdir(submission: Submission, source: SourceNotebook) -> Path:
     workdir = Path(tempfile.mkdtemp(prefix="submission-", dir=run_dir()))
     if submission.folder.is_dir():
         _copy_tree(submission.folder, workdir, [COPY_BUDGET])
+    _copy_support_files(source, workdir)  # over the learner's copies
+    return workdir
+
+
+def clean_workdir(source: SourceNotebook) -> Path:
+    """A fresh directory with the assignment's support files only: where a speed test's
+    clean kernel times the baseline (no file of a learner's is in it)."""
+    workdir = Path(tempfile.mkdtemp(prefix="clean-", dir=run_dir()))
+    _copy_support_files(source, workdir)
+    return workdir
+
+
+def _copy_support_files(source: SourceNotebook, workdir: Path) -> None:
     base = source.path.parent
     for path in source.support_files():
         target = workdir / path.relative_to(base)
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(path, target)
-    return workdir
 
 
 def sandbox_policy(submission: Submission, source: SourceNotebook, workdir: Path,

@@ -1,0 +1,304 @@
+"""Speed tests: the arithmetic (autograder.pipeline.speed), the comparison and audits of the
+timing (autograder.pipeline.timing), and, end to end, a small course whose one test is a
+speed test (tests/autograder_fixtures/speed_course), graded with ``python -m autograder grade``:
+honest answers get the points their speed earns, and every way of forging the timing we know
+of gets none, with a message that says why.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+import torch
+
+from autograder.kernel.evidence import encode, speed_summary
+from autograder.pipeline.checks import decode
+from autograder.pipeline.speed import (DeclarationError, SpeedTest, Speedup, clean_source,
+                                       declaration, points_for, t975)
+from autograder.pipeline.timing import Audit, Reply, SpeedProblem, _close, round_seeds
+
+ROOT = Path(__file__).resolve().parent.parent
+COURSE = ROOT / "tests" / "autograder_fixtures" / "speed_course"
+
+DECLARED = '''
+import torch
+def slow(x):
+    return torch.stack([r.exp() / r.exp().sum() for r in x])
+def draw(seed):
+    return (torch.randn(8, 4, generator=torch.Generator().manual_seed(seed)),)
+SPEED_TEST = {"candidate": "fast", "baseline": "slow", "inputs": "draw",
+              "points": {"cpu": [1.5, 4]}, "seconds": 2}
+'''
+
+
+def test_a_declaration_is_read_from_the_cell():
+    test = declaration(DECLARED)
+    assert (test.candidate, test.baseline, test.inputs) == ("fast", "slow", "draw")
+    assert test.points == {"cpu": (1.5, 4.0)} and test.seconds == 2.0
+    assert test.rounds >= 2 and test.precision == 0.05
+    assert SpeedTest.from_dict(test.to_dict()) == test
+    assert declaration("assert f(1) == 2") is None
+
+
+@pytest.mark.parametrize("change, says", [
+    ('"points": {"cpu": [1.5, 4]}', None),
+    ('"points": {"tpu": [1.5, 4]}', "maps devices"),
+    ('"points": {"cpu": [4, 1.5]}', "0 < low < high"),
+    ('"points": {"cpu": [1.5]}', "[low, high]"),
+    ('"points": {"cuda": [1.5, 10]}', None),
+])
+def test_a_bad_schedule_is_the_instructors_error(change, says):
+    source = DECLARED.replace('"points": {"cpu": [1.5, 4]}', change)
+    if says is None:
+        assert declaration(source) is not None
+    else:
+        with pytest.raises(DeclarationError, match=re_escape(says)):
+            declaration(source)
+
+
+def re_escape(text: str) -> str:
+    import re
+    return re.escape(text)
+
+
+@pytest.mark.parametrize("source, says", [
+    (DECLARED.replace('"inputs": "draw",', ""), "missing inputs"),
+    (DECLARED.replace('"seconds": 2', '"seconds": 2, "speed": 3'), "unknown speed"),
+    (DECLARED.replace('"baseline": "slow"', '"baseline": "slower"'), "not defined in the cell"),
+    (DECLARED.replace('SPEED_TEST = {', 'SPEED_TEST = dict(**{').replace('"seconds": 2}',
+                                                                          '"seconds": 2})'),
+     "literal dict"),
+    (DECLARED + "\nSPEED_TEST = {}", "assigned 2 times"),
+    (DECLARED.replace('"seconds": 2', '"seconds": -2'), "positive number"),
+    (DECLARED.replace('"seconds": 2', '"rounds": 0'), "positive integer"),
+])
+def test_every_malformed_declaration_says_what_is_wrong(source, says):
+    with pytest.raises(DeclarationError, match=re_escape(says)):
+        declaration(source)
+
+
+def test_the_clean_kernel_runs_setup_and_all_but_what_calls_the_candidate():
+    cell = "x = torch.ones(3)\nassert torch.equal(fast(x), x)\n" + DECLARED
+    kept = clean_source("import torch\nSIZE = 4", cell, "fast")
+    assert kept.startswith("import torch\nSIZE = 4")
+    assert "fast(x)" not in kept and "x = torch.ones(3)" in kept
+    assert "def slow" in kept and "SPEED_TEST" in kept
+    namespace: dict = {}
+    exec(kept, namespace)  # it runs on its own
+    assert set(namespace) >= {"slow", "draw", "SPEED_TEST"}
+
+
+def test_the_interval_narrows_with_steady_rounds_and_its_centre_is_the_geometric_mean():
+    steady = Speedup()
+    for candidate, baseline in [(1.0, 4.0), (1.0, 4.1), (1.02, 4.0), (0.99, 3.95), (1.0, 4.02)]:
+        steady.add(candidate, baseline)
+    low, centre, high = steady.interval()
+    ratios = [b / c for c, b in steady.pairs]
+    assert centre == pytest.approx(math.exp(sum(map(math.log, ratios)) / len(ratios)))
+    assert low < centre < high and steady.precise(0.05)
+    noisy = Speedup()
+    for candidate, baseline in [(1.0, 4.0), (1.0, 2.0), (1.0, 6.0)]:
+        noisy.add(candidate, baseline)
+    assert not noisy.precise(0.05)
+    assert steady.seconds() == (1.0, 4.0)
+    with pytest.raises(ValueError):
+        Speedup().add(0.0, 1.0)
+    assert t975(1) > t975(5) > t975(30) > t975(1000) > 1.96
+
+
+@pytest.mark.parametrize("speedup, expected", [
+    (0.5, 0), (1.5, 0), (2.0, 0), (2.2, 1), (2.75, 2), (3.99, 3), (4.0, 4), (9.0, 4)])
+def test_points_are_linear_between_the_two_speedups_in_whole_steps(speedup, expected):
+    assert points_for(speedup, (1.5, 4.0), 4, step=1.0) == expected
+
+
+def test_points_in_finer_steps():
+    assert points_for(2.75, (1.5, 4.0), 4, step=0.5) == 2.0
+    assert points_for(2.9, (1.5, 4.0), 4, step=0.5) == 2.0
+    assert points_for(3.0, (1.5, 4.0), 4, step=0.5) == 2.0  # 2.4 rounded down
+    assert points_for(3.25, (1.5, 4.0), 4, step=0.5) == 2.5
+
+
+def test_a_summary_covers_every_element_and_samples_positions_chosen_afterwards():
+    x = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    summary = speed_summary(x, sample_seed=7, count=5)
+    assert summary["dtype"] == "float32" and summary["shape"] == [3, 4]
+    assert summary["sum"] == 66.0 and summary["abs"] == 66.0
+    assert [x.reshape(-1)[i].item() for i in summary["at"]] == summary["values"]
+    assert speed_summary(x, 8, 5)["at"] != summary["at"]
+    assert [s["shape"] for s in speed_summary((x, x[0]), 1)] == [[3, 4], [4]]
+    assert speed_summary(x.as_subclass(_Lazy), 1) == {"__opaque__": "_Lazy"}
+    assert speed_summary(2.5, 1) == 2.5
+
+
+class _Lazy(torch.Tensor):
+    pass
+
+
+TEST = SpeedTest("fast", "slow", "draw", {"cpu": (1.5, 4.0)}, rtol=1e-5, atol=1e-6)
+
+
+def summary(tensor, seed=3):
+    """As the grader reads it: encoded for the evidence channel, sent as JSON, decoded."""
+    return decode(json.loads(json.dumps(encode(speed_summary([tensor], seed)))))
+
+
+@pytest.mark.parametrize("got, says", [
+    (lambda x: x.clone(), None),
+    (lambda x: x + 1e-7, None),
+    (lambda x: x.double(), "float64"),
+    (lambda x: x.T.contiguous(), "(4, 5)"),
+    (lambda x: torch.where(torch.arange(20).reshape(5, 4) == 19, x + 1, x), "differs"),
+    (lambda x: x.as_subclass(_Lazy), "not a plain tensor"),
+])
+def test_outputs_are_compared_on_dtype_shape_sums_and_sampled_values(got, says):
+    x = torch.rand(5, 4)
+    problem = _close(summary(got(x)), summary(x), TEST)
+    if says is None:
+        assert problem is None
+    else:
+        assert problem is not None and says in problem
+
+
+def test_outputs_sampled_elsewhere_are_refused():
+    x = torch.rand(50)
+    assert "other positions" in _close(summary(x, 1), summary(x, 2), TEST)
+
+
+def test_the_audit_allows_noise_and_catches_work_moved_out_of_the_timed_calls():
+    honest = Audit("cpu")
+    for _ in range(20):
+        honest.add([Reply(True, 0.01, 0.012)], [Reply(True, 0.01, 0.010)], timed=0.05)
+    honest.check_totals()
+    moved = Audit("cpu")
+    with pytest.raises(SpeedProblem, match="outside the timed calls"):
+        for _ in range(20):  # a little each round: only the totals show it
+            moved.add([Reply(True, 0.01, 0.030)], [Reply(True, 0.01, 0.010)], timed=0.05)
+        moved.check_totals()
+    with pytest.raises(SpeedProblem, match="in one round"):
+        Audit("cpu").add([Reply(True, 0.01, 0.2)], [Reply(True, 0.01, 0.01)], timed=0.05)
+    on_gpu = Audit("cuda")  # queued device work shows as wall time, not CPU time
+    with pytest.raises(SpeedProblem, match="wall-clock"):
+        on_gpu.add([Reply(True, 0.2, 0.01)], [Reply(True, 0.01, 0.01)], timed=0.05)
+
+
+def test_each_call_of_each_round_has_its_own_seed():
+    seeds = round_seeds(5, 0, 8) + round_seeds(5, 1, 8) + round_seeds(6, 0, 8)
+    assert len(set(seeds)) == len(seeds) == 24
+    assert round_seeds(5, 1, 8) == round_seeds(5, 1, 8)
+
+
+# ---------------------------------------------------------------------------------------------
+# End to end: the fixture course graded as an instructor would
+
+FAST = "def row_softmax(x):\n    return torch.softmax(x, dim=1)"
+# Every way we know of to make the timing say more than the code does, with the points it must
+# get (of 4) and what the feedback must say.
+CORPUS = {
+    "fast": (FAST, 4, "times as fast as the baseline"),
+    "calls the baseline": (  # once the test cell has defined it
+        "def row_softmax(x):\n"
+        "    baseline = globals().get('slow_softmax')\n"
+        "    return baseline(x) if baseline else torch.softmax(x, dim=1)", 0,
+        "times as fast as the baseline"),
+    "wrong on large inputs": (
+        "def row_softmax(x):\n    return torch.softmax(x, dim=0 if x.shape[0] > 10 else 1)", 0,
+        "wrong result"),
+    "caches its last result": (
+        "_last = {}\n"
+        "def row_softmax(x):\n"
+        "    if x.shape not in _last:\n"
+        "        _last[x.shape] = torch.softmax(x, dim=1)\n"
+        "    return _last[x.shape]", 0, "wrong result"),
+    "computes while the inputs are drawn": (
+        "_stash, _randn = {}, torch.randn\n"
+        "def _drawing(*a, **k):\n"
+        "    t = _randn(*a, **k)\n"
+        "    if t.dim() == 2 and t.shape[0] > 10:\n"
+        "        _stash[t.data_ptr()] = torch.softmax(t, dim=1)\n"
+        "    return t\n"
+        "torch.randn = _drawing\n"
+        "def row_softmax(x):\n"
+        "    got = _stash.pop(x.data_ptr(), None)\n"
+        "    return got if got is not None else torch.softmax(x, dim=1)", 0,
+        "outside the timed calls"),
+    "returns before a thread has done the work": (
+        "import queue, threading\n"
+        "_work = queue.Queue()\n"
+        "def _worker():\n"
+        "    while True:\n"
+        "        x, out = _work.get()\n"
+        "        out.copy_(torch.softmax(x, dim=1))\n"
+        "threading.Thread(target=_worker, daemon=True).start()\n"
+        "def row_softmax(x):\n"
+        "    if x.shape[0] <= 10:\n"
+        "        return torch.softmax(x, dim=1)\n"
+        "    out = torch.empty_like(x)\n"
+        "    _work.put((x, out))\n"
+        "    return out", 0, "work went on after your function returned"),
+    "returns a lazy tensor": (
+        "class Lazy(torch.Tensor):\n    pass\n"
+        "def row_softmax(x):\n    return torch.softmax(x, dim=1).as_subclass(Lazy)", 0,
+        "not a plain tensor"),
+    "patches the clocks": (
+        "import time\n"
+        "time.perf_counter = lambda: 0.0\ntime.time = lambda: 0.0\n"
+        "time.monotonic = lambda: 0.0\n" + FAST, 4, "times as fast as the baseline"),
+}
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    """The corpus handed in to the fixture course and graded by the README's command."""
+    course = tmp_path_factory.mktemp("speed") / "course"
+    shutil.copytree(COURSE, course)
+    env = dict(os.environ, PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"],
+               PYTHONPATH=str(ROOT))
+    done = subprocess.run([sys.executable, "-m", "nbgrader", "generate_assignment", "speedy",
+                           "--force"], cwd=course, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    released = nbformat.read(course / "exercises" / "speedy" / "speedy.ipynb", as_version=4)
+    students = {}
+    for number, (name, (answer, _, _)) in enumerate(CORPUS.items()):
+        nb = nbformat.from_dict(released)
+        for cell in nb.cells:
+            if cell.metadata.get("nbgrader", {}).get("grade_id") == "answer":
+                cell.source = answer
+        student = students[name] = f"learner{number}"
+        folder = course / "submitted" / student / "speedy"
+        folder.mkdir(parents=True)
+        nbformat.write(nb, folder / "speedy.ipynb")
+    done = subprocess.run([sys.executable, "-m", "autograder", "grade", "submitted",
+                           "--assignment", "speedy", "--out", "graded", "--no-progress"],
+                          cwd=course, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return {name: json.loads((course / "graded" / student / "speedy"
+                              / "speedy.results.json").read_text())
+            for name, student in students.items()}
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("name", list(CORPUS))
+def test_each_submission_gets_the_speed_points_it_must(graded, name):
+    _, points, says = CORPUS[name]
+    result = graded[name]
+    test = result["tests"][0]
+    assert test["score"] == points, test["output"]
+    assert says in test["output"]
+    speed = test["extra_data"]["speed"]
+    assert speed["device"] == "cpu" and speed["verified"] is True
+    if "speedup" in speed:
+        assert speed["low"] <= speed["speedup"] <= speed["high"]
+        assert speed["candidate_seconds"] > 0 and speed["baseline_seconds"] > 0
+        assert result["leaderboard"] == [{"name": "speed speedup (cpu)",
+                                          "value": round(speed["speedup"], 3), "order": "desc"}]
+    else:
+        assert "leaderboard" not in result
