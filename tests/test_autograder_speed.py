@@ -286,6 +286,27 @@ def graded(tmp_path_factory):
 
 
 @pytest.mark.integration
+def test_a_malformed_declaration_stops_grade_before_any_submission(tmp_path):
+    course = tmp_path / "course"
+    shutil.copytree(COURSE, course)
+    path = course / "solutions" / "speedy" / "speedy.ipynb"
+    nb = nbformat.read(path, as_version=4)
+    for cell in nb.cells:
+        cell.source = cell.source.replace('"cpu": [1.5, 4.0]', '"cpu": [4.0, 1.5]')
+    nbformat.write(nb, path)
+    (course / "submitted" / "ann" / "speedy").mkdir(parents=True)
+    nbformat.write(nb, course / "submitted" / "ann" / "speedy" / "speedy.ipynb")
+    done = subprocess.run([sys.executable, "-m", "autograder", "grade", "submitted",
+                           "--assignment", "speedy", "--out", "graded", "--no-progress"],
+                          cwd=course, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "speedy.ipynb: test cell 'speed': SPEED_TEST['points']['cpu'] must be [low, high]" \
+        in done.stderr
+    assert not (course / "graded").exists()
+
+
+@pytest.mark.integration
 @pytest.mark.parametrize("name", list(CORPUS))
 def test_each_submission_gets_the_speed_points_it_must(graded, name):
     _, points, says = CORPUS[name]

@@ -221,13 +221,21 @@ def _grade(args: argparse.Namespace, runner) -> int:
     from autograder.layout import find_submissions
     from autograder.pipeline.report import status_counts, summary, write_grades_csv, write_submission
 
+    from autograder.pipeline.rebuild import speed_tests_of
+    from autograder.pipeline.speed import DeclarationError
+
     try:
         course = course_of(args)
         sources = course.source_notebooks(args.assignment)
         submissions = find_submissions(args.submitted, args.assignment, notebooks=list(sources),
                                        references={name: source.graded_view
                                                    for name, source in sources.items()})
-    except FileNotFoundError as error:
+        for source in sources.values():
+            try:
+                speed_tests_of(source.graded_view)
+            except DeclarationError as error:
+                raise DeclarationError(f"{source.path}: {error}") from None
+    except (FileNotFoundError, DeclarationError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     # What needs no kernel comes first, while the fork servers do their imports.

@@ -161,9 +161,9 @@ def _mutate(node: ast.AST, operator: str, parents: Dict[int, ast.AST]) -> bool:
         node.test = ast.UnaryOp(op=ast.Not(), operand=node.test)
     elif operator == "unary":
         parent = parents[id(node)]
-        for field, value in ast.iter_fields(parent):
+        for name, value in ast.iter_fields(parent):
             if value is node:
-                setattr(parent, field, node.operand)
+                setattr(parent, name, node.operand)
                 break
             if isinstance(value, list) and any(item is node for item in value):
                 value[[i for i, item in enumerate(value) if item is node][0]] = node.operand
@@ -172,8 +172,8 @@ def _mutate(node: ast.AST, operator: str, parents: Dict[int, ast.AST]) -> bool:
         node.args[0], node.args[1] = node.args[1], node.args[0]
     elif operator in ("statement", "return"):
         parent = parents[id(node)]
-        for field in ("body", "orelse", "finalbody", "handlers"):
-            body = getattr(parent, field, None)
+        for name in ("body", "orelse", "finalbody", "handlers"):
+            body = getattr(parent, name, None)
             if isinstance(body, list) and any(item is node for item in body):
                 index = [i for i, item in enumerate(body) if item is node][0]
                 body[index] = ast.Pass()

@@ -47,7 +47,7 @@ import nbformat
 from nbformat.v4 import new_notebook
 
 from autograder.pipeline.checks import SEED_NAME, assigns_seed, probe_source, setup_names, split_test
-from autograder.pipeline.speed import SpeedTest, clean_source, declaration
+from autograder.pipeline.speed import DeclarationError, SpeedTest, clean_source, declaration
 from autograder.options import CPU, DEVICES, PROFILES, QUICK
 
 GPU_SUFFIX = "_gpu"
@@ -388,6 +388,22 @@ _autograder_os.environ["DLPERF_PROFILE"] = autograder_profile
 if autograder_device == "cpu":
     _autograder_os.environ["CUDA_VISIBLE_DEVICES"] = ""  # this run judges CPU behaviour
 del _autograder_os"""
+
+
+def speed_tests_of(reference: nbformat.NotebookNode) -> Dict[str, SpeedTest]:
+    """grade id -> the speed test each test cell of ``reference`` declares; raises
+    :class:`~autograder.pipeline.speed.DeclarationError` for one that cannot be used, so the
+    instructor hears of it before any submission is graded."""
+    found = {}
+    for cell in reference.cells:
+        if is_test(cell):
+            try:
+                speed = declaration(cell.source)
+            except DeclarationError as error:
+                raise DeclarationError(f"test cell {grade_id_of(cell)!r}: {error}") from None
+            if speed is not None:
+                found[grade_id_of(cell)] = speed
+    return found
 
 
 def rebuild(reference: nbformat.NotebookNode, submitted: nbformat.NotebookNode, *,

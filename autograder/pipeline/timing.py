@@ -19,10 +19,10 @@ drawn only then; they must match the clean kernel's for the same seeds, every ca
 every round. On a CPU the inputs are drawn and the outputs reported in requests of their
 own, untimed, and the learner's kernel may not use much more CPU time in them than the
 clean kernel does for the same requests: work done there instead of in the timed call is
-caught. On CUDA the inputs are drawn inside the timed request (a GPU draws them in
-microseconds) and the timed request ends by synchronising; the report, which copies from
-the device, may not take much longer than the clean kernel's, so work left queued on the
-device is caught.
+caught. On CUDA an untimed request first clears the L2 cache (writing more memory than it holds),
+the inputs are drawn inside the timed request (a GPU draws them in microseconds) and the
+timed request ends by synchronising; the report, which copies from the device, may not take
+much longer than the clean kernel's, so work left queued on the device is caught.
 
 One speed test is timed at a time on a machine (a lock file), so two gradings at once do
 not time each other's load; the rest of their grading goes on.
@@ -188,13 +188,21 @@ def round_seeds(seed: int, round_number: int, calls: int) -> List[int]:
                            "big") % 2**31 for n in range(calls)]
 
 
+# On CUDA, before each timed request: overwrite more memory than any GPU's L2 cache holds
+# (an H100's is 50 MiB), so no call finds the previous round's data there.
+L2_FLUSH = ("__import__('torch').empty(256 * 2**20, dtype=__import__('torch').int8, "
+            "device='cuda').zero_()\n__import__('torch').cuda.synchronize()")
+
+
 def _code(test: SpeedTest, function: str, seeds: List[int], device: str) -> Dict[str, str]:
-    """The requests of one turn: draw (untimed on a CPU), the timed calls, the report."""
+    """The requests of one turn: the untimed one before (on a CPU, drawing the inputs; on
+    CUDA, clearing the L2 cache), the timed calls, then the report."""
     draw = (f"__autograder_args = [(lambda a: a if type(a) is tuple else (a,))({test.inputs}(s))"
             f" for s in {seeds!r}]")
     call = f"__autograder_outs = [{function}(*a) for a in __autograder_args]"
     if device == "cuda":
-        return {"draw": "", "call": f"{draw}\n{call}\n__import__('torch').cuda.synchronize()"}
+        return {"draw": L2_FLUSH,
+                "call": f"{draw}\n{call}\n__import__('torch').cuda.synchronize()"}
     return {"draw": draw, "call": call}
 
 
@@ -284,7 +292,7 @@ class Audit:
         if learner - clean > share * timed + AUDIT_SLACK:
             raise SpeedProblem(
                 f"your kernel worked outside the timed calls: {when}, it used "
-                f"{learner * 1e3:.1f} ms of {name} time drawing inputs and reporting outputs, "
+                f"{learner * 1e3:.1f} ms of {name} time in the requests around the timed calls, "
                 f"the clean kernel {clean * 1e3:.1f} ms for the same, and your timed calls "
                 f"took {timed * 1e3:.1f} ms")
 
@@ -306,7 +314,8 @@ async def _turn(kernel: TimedKernel, test: SpeedTest, function: str, seeds: List
         draw = await kernel.request(code["draw"])
         if not draw.ok:
             raise (SetupProblem if who == "clean" else SpeedProblem)(
-                f"drawing the inputs failed: {draw.error}")
+                f"{'clearing the cache' if device == 'cuda' else 'drawing the inputs'} failed: "
+                f"{draw.error}")
     timed = await kernel.request(code["call"], settle=SETTLE)
     if not timed.ok:
         raise (SetupProblem if who == "clean" else SpeedProblem)(

@@ -1,0 +1,141 @@
+"""How stable a speed test's grade is, and what it costs: the same file graded many times.
+
+For each answer, ``--gradings`` copies of one notebook (the same bytes, so the same
+``TEST_SEED``: the same file graded again) are handed in under new student ids and graded in one
+``python -m autograder grade`` run, with ``--jobs 1``, ``--jobs 2``, and ``--jobs 2`` while
+``--load`` busy processes keep the machine's cores occupied. The table gives, per run, the
+speed points each copy got, the spread of the measured speedup (min, median, max, and max/min - 1),
+the seconds the speed test took (the clean kernel, the warm-up and the timed rounds) and the
+seconds each grading took in all (medians).
+
+    .venv/bin/python benchmarks/speed_stability.py --gradings 10
+
+The course defaults to the speed test's fixture course (tests/autograder_fixtures/speed_course,
+read as data): its reference answer and a middle one, a chunked loop.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import platform
+import shutil
+import statistics
+import sys
+from collections import Counter
+from contextlib import contextmanager
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from grading_throughput import (ROOT, add_keep_option, cpu_name, report_problems, run,  # noqa: E402
+                                scratch_folder)
+
+COURSE = ROOT / "tests" / "autograder_fixtures" / "speed_course"
+ANSWERS = {
+    "reference": "def row_softmax(x):\n    return torch.softmax(x, dim=1)",
+    "middle": ("def row_softmax(x):\n"
+               "    e = torch.exp(x - x.max(dim=1, keepdim=True).values)\n"
+               "    out = torch.empty_like(x)\n"
+               "    for i in range(0, x.shape[0], 16):\n"
+               "        out[i:i + 16] = e[i:i + 16] / e[i:i + 16].sum(dim=1, keepdim=True)\n"
+               "    return out"),
+}
+
+
+def _busy() -> None:
+    while True:
+        pass
+
+
+@contextmanager
+def load(processes: int):
+    """``processes`` busy loops for the duration (a machine shared with other work)."""
+    workers = [multiprocessing.Process(target=_busy, daemon=True) for _ in range(processes)]
+    for worker in workers:
+        worker.start()
+    try:
+        yield
+    finally:
+        for worker in workers:
+            worker.terminate()
+            worker.join()
+
+
+def hand_in(course: Path, assignment: str, answer: str, copies: int, tag: str) -> list:
+    import nbformat
+    released = nbformat.read(course / "exercises" / assignment / f"{assignment}.ipynb",
+                             as_version=4)
+    nb = nbformat.from_dict(released)
+    for cell in nb.cells:
+        if cell.metadata.get("nbgrader", {}).get("solution"):
+            cell.source = answer
+    students = [f"{tag}-{n:02d}" for n in range(copies)]
+    for who in students:
+        folder = course / f"submitted-{tag}" / who / assignment
+        folder.mkdir(parents=True)
+        nbformat.write(nb, folder / f"{assignment}.ipynb")  # the same bytes every time
+    return students
+
+
+def speed_of(out: Path, who: str, assignment: str) -> tuple:
+    """(points, speed measurement, grading seconds) of one graded copy."""
+    result = json.loads((out / who / assignment / f"{assignment}.results.json").read_text())
+    test = next(t for t in result["tests"] if "speed" in t["extra_data"])
+    return test["score"], test["extra_data"]["speed"], result["extra_data"]["seconds"]
+
+
+def row(name: str, jobs: int, busy: int, graded: list) -> str:
+    points = Counter(p for p, _, _ in graded)
+    speedups = sorted(s["speedup"] for _, s, _ in graded if "speedup" in s)
+    shown = ", ".join(f"{p:g} x{n}" for p, n in sorted(points.items()))
+    spread = (f"{speedups[0]:.2f} / {statistics.median(speedups):.2f} / {speedups[-1]:.2f} "
+              f"({(speedups[-1] / speedups[0] - 1) * 100:.0f} %)") if speedups else "-"
+    timing = statistics.median(s["seconds"] for _, s, _ in graded)
+    total = statistics.median(t for _, _, t in graded)
+    return (f"| {name} | {jobs} | {busy} | {len(graded)} | {shown} | {spread} | "
+            f"{timing:.1f} | {total:.1f} |")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--gradings", type=int, default=10, help="copies per run (default 10)")
+    parser.add_argument("--load", type=int, default=os.cpu_count() or 2,
+                        help="busy processes for the loaded run (default: one per core)")
+    parser.add_argument("--course", type=Path, default=COURSE)
+    parser.add_argument("--assignment", default="speedy")
+    add_keep_option(parser)
+    args = parser.parse_args(argv)
+    problems = []
+    with scratch_folder(args.keep, "speed-stability-") as base:
+        course = base / "course"
+        shutil.copytree(args.course, course)
+        run([sys.executable, "-m", "nbgrader", "generate_assignment", args.assignment,
+             "--force"], course, "nbgrader generate_assignment")
+        print(f"{args.gradings} gradings of the same file per run, on {os.cpu_count()} cores "
+              f"({cpu_name()}), Python {platform.python_version()}", flush=True)
+        lines = ["| answer | jobs | busy processes | gradings | points (of the cell's) | "
+                 "speedup min / median / max (spread) | speed test s | grading s |",
+                 "|---|---|---|---|---|---|---|---|"]
+        for name, answer in ANSWERS.items():
+            for jobs, busy in ((1, 0), (2, 0), (2, args.load)):
+                tag = f"{name}-{jobs}-{busy}"
+                students = hand_in(course, args.assignment, answer, args.gradings, tag)
+                out = course / f"graded-{tag}"
+                with load(busy):
+                    run([sys.executable, "-m", "autograder", "grade", f"submitted-{tag}",
+                         "--assignment", args.assignment, "--out", str(out), "--jobs", str(jobs),
+                         "--no-progress"], course, f"grading {tag}")
+                graded = [speed_of(out, who, args.assignment) for who in students]
+                problems += [f"{tag} {who}: {s.get('problem') or s.get('setup')}"
+                             for who, (_, s, _) in zip(students, graded)
+                             if s.get("problem") or s.get("setup")]
+                lines.append(row(name, jobs, busy, graded))
+                print(lines[-1], flush=True)
+        print()
+        print("\n".join(lines))
+    return report_problems(problems, "gradings without a measurement")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
