@@ -323,3 +323,37 @@ def test_each_submission_gets_the_speed_points_it_must(graded, name):
                                           "value": round(speed["speedup"], 3), "order": "desc"}]
     else:
         assert "leaderboard" not in result
+
+
+@pytest.mark.gpu
+@pytest.mark.integration
+def test_on_cuda_the_speed_test_is_timed_on_the_gpu(tmp_path):
+    """``--device cuda``: the inputs drawn and the calls made on the GPU inside the timed
+    request, the L2 cache cleared before it, the report copying from the device; the fast
+    answer gets the CUDA schedule's points, a wrong one none."""
+    course = tmp_path / "course"
+    shutil.copytree(COURSE, course)
+    env = dict(os.environ, PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"],
+               PYTHONPATH=str(ROOT))
+    subprocess.run([sys.executable, "-m", "nbgrader", "generate_assignment", "speedy", "--force"],
+                   cwd=course, env=env, check=True, capture_output=True, timeout=300)
+    released = nbformat.read(course / "exercises" / "speedy" / "speedy.ipynb", as_version=4)
+    cases = {"fast": CORPUS["fast"][0], "wrong": CORPUS["wrong on large inputs"][0]}
+    for student, answer in cases.items():
+        nb = nbformat.from_dict(released)
+        for cell in nb.cells:
+            if cell.metadata.get("nbgrader", {}).get("grade_id") == "answer":
+                cell.source = answer
+        (course / "submitted" / student / "speedy").mkdir(parents=True)
+        nbformat.write(nb, course / "submitted" / student / "speedy" / "speedy.ipynb")
+    done = subprocess.run([sys.executable, "-m", "autograder", "grade", "submitted",
+                           "--assignment", "speedy", "--out", "graded", "--device", "cuda",
+                           "--no-progress"], cwd=course, env=env, capture_output=True,
+                          text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    results = {s: json.loads((course / "graded" / s / "speedy" / "speedy.results.json")
+                             .read_text())["tests"][0] for s in cases}
+    fast = results["fast"]
+    assert fast["extra_data"]["speed"]["device"] == "cuda", fast["output"]
+    assert fast["score"] > 0 and "on the CUDA" in fast["output"], fast["output"]
+    assert results["wrong"]["score"] == 0 and "wrong result" in results["wrong"]["output"]
