@@ -316,6 +316,7 @@ def test_each_submission_gets_the_speed_points_it_must(graded, name):
     assert says in test["output"]
     speed = test["extra_data"]["speed"]
     assert speed["device"] == "cpu" and speed["verified"] is True
+    assert test["visibility"] == "visible"  # the learner sees the measurement now
     if "speedup" in speed:
         assert speed["low"] <= speed["speedup"] <= speed["high"]
         assert speed["candidate_seconds"] > 0 and speed["baseline_seconds"] > 0

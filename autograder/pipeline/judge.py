@@ -67,8 +67,9 @@ class TestResult:
 
     @property
     def visibility(self) -> str:
-        """Gradescope's visibility: results of hidden tests appear once grades are out."""
-        return "after_published" if self.hidden else "visible"
+        """Gradescope's visibility: results of hidden tests appear once grades are out, but
+        a speed test's measurement is for the learner to see now (it shows no test code)."""
+        return "after_published" if self.hidden and self.speed is None else "visible"
 
 
 def _text(value) -> str:
