@@ -1,10 +1,10 @@
 """Grades do not depend on how grading runs: the jobs, the cluster, the other submissions.
 
 Every assignment's reference solution, typed into the released notebook as a learner would,
-is handed in 20 times with the unedited release and every wrong submission of
+is handed in 8 times with the unedited release and every wrong submission of
 tests/wrong_submissions, and graded by the README's instructor steps (once per test session,
-tests/course_run.py, with the default ``--jobs``: one per core): the 20 copies all get full
-marks. A subset (4 copies, the instructor's solution, the release, the wrong ones) graded
+tests/course_run.py, with the default ``--jobs``: one per core): the 8 copies all get full
+marks. A subset (2 copies, the instructor's solution, the release, the wrong ones) graded
 again with ``--jobs 1``, ``--jobs 4`` and on the loopback Dask cluster gets the same ``score``,
 ``max_score``, ``status`` and ``message`` in grades.csv and the same score for every test in the
 results.
@@ -28,7 +28,7 @@ from tests.dask_cluster import CLUSTER_ENV, cluster  # noqa: F401 - cluster: a f
 
 pytestmark = pytest.mark.integration
 
-SUBSET = 4
+SUBSET = 2
 COMPARED = ("score", "max_score", "status", "message")
 
 
