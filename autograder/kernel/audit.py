@@ -42,7 +42,10 @@ def _writes(mode, flags) -> bool:
 def install_audit_hook(policy: Policy) -> None:
     """Add the audit hook that refuses what a graded kernel must not do."""
     workdir = os.path.realpath(policy.workdir)
-    writable = (workdir, "/dev/null", "/proc/self/fd")
+    # The sockets' folder is the kernel's own too: a speed test's inputs are put there
+    # (autograder.pipeline.timing), and the clean kernel writes them there.
+    sockets = (os.path.realpath(policy.sockets),) if policy.sockets else ()
+    writable = (workdir, *sockets, "/dev/null", "/proc/self/fd")
     hidden = tuple(os.path.realpath(h) for h in policy.hidden)
     shown = tuple(os.path.realpath(s) for s in policy.shown)
     own_pid = os.getpid()

@@ -112,41 +112,101 @@ def emit(namespace: dict, names) -> None:
     display({MIME: report(namespace, names)}, raw=True)
 
 
-# A speed test's timed calls (autograder.pipeline.timing): what the grader compares of each
-# output with the clean kernel's, chosen after the call returned.
-SAMPLES = 256
+# A speed test's timed calls (autograder.pipeline.timing): the timed request ends by writing
+# every output's bytes to a file (so an output exists, in full, when the request replies: a
+# lazily computed one is computed inside the timed request), and the clean kernel, where no
+# learner's code runs, compares that file with its own.
+_json_loads = json.loads
 
 
-def speed_summary(value, sample_seed: int, count: int = SAMPLES, depth: int = 0):
-    """One timed call's output as the grader compares it: a tensor's dtype, shape, the sum
-    of its values and of their magnitudes (every element counts) and ``count`` values at
-    positions drawn from ``sample_seed``, which the grader picks after the call returned, so
-    an output cannot be right only where it is looked at; a tuple or list item by item; a
-    number as it is. The grader refuses anything else."""
+def _parts(value, torch) -> list:
+    """One call's output as a list of tensors (a tuple or list item by item, a number as a
+    0-d tensor); anything else as None, which matches nothing."""
     kind = _type(value)
-    torch = _torch()
-    if depth > MAX_DEPTH:
-        return {"__opaque__": "too deeply nested"}
-    if kind in (int, float, bool):
-        return _number(value)
     if kind in (tuple, list):
-        return [speed_summary(item, sample_seed + n, count, depth + 1)
-                for n, item in enumerate(value)]
-    if torch is None or kind is not torch.Tensor:
-        return {"__opaque__": getattr(kind, "__qualname__", "object")}
-    import random
-    flat = value.detach().reshape(-1)
-    size = int(flat.numel())
-    picks = random.Random(sample_seed).sample(range(size), min(count, size)) if size else []
-    wide = flat.to(torch.float64) if not value.is_complex() else flat.abs().to(torch.float64)
-    sampled = torch.Tensor.tolist(wide[torch.tensor(picks, dtype=torch.long,
-                                                    device=flat.device)].cpu()) if picks else []
-    return {"dtype": _str(value.dtype).replace("torch.", ""),
-            "shape": [int(n) for n in value.shape],
-            "sum": _number(float(wide.sum())), "abs": _number(float(wide.abs().sum())),
-            "at": picks, "values": [_number(v) for v in sampled]}
+        return [part for item in value for part in _parts(item, torch)]
+    if kind in (int, float, bool):
+        return [torch.tensor(value)]
+    return [value if kind is torch.Tensor else None]
 
 
-def emit_speed(value, sample_seed: int) -> None:
-    """Send :func:`speed_summary` of ``value`` as this request's evidence."""
-    emit({"summary": speed_summary(value, sample_seed)}, ("summary",))
+def dump_outputs(outputs, path: str) -> None:
+    """Write the outputs of the timed calls to ``path``: per tensor a JSON header (dtype,
+    shape) and its raw bytes, copied from the device if it is on one."""
+    torch = _torch()
+    with open(path, "wb") as out:
+        for output in outputs:
+            parts = _parts(output, torch)
+            out.write(_len(parts).to_bytes(4, "little"))
+            for part in parts:
+                if part is None:
+                    header, data = b'{"opaque": true}', b""
+                else:
+                    flat = part.detach().reshape(-1).contiguous().cpu()
+                    header = _dumps({"dtype": _str(part.dtype).replace("torch.", ""),
+                                     "shape": [int(n) for n in part.shape]}).encode()
+                    data = flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
+                out.write(_len(header).to_bytes(4, "little"))
+                out.write(header)
+                out.write(_len(data).to_bytes(8, "little"))
+                out.write(data)
+
+
+def _read_outputs(path: str) -> list:
+    torch = _torch()
+    calls = []
+    with open(path, "rb") as source:
+        while True:
+            count = source.read(4)
+            if not count:
+                return calls
+            parts = []
+            for _ in range(int.from_bytes(count, "little")):
+                header = _json_loads(source.read(int.from_bytes(source.read(4), "little")))
+                data = source.read(int.from_bytes(source.read(8), "little"))
+                if header.get("opaque"):
+                    parts.append(None)
+                    continue
+                dtype = getattr(torch, header["dtype"])
+                tensor = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else \
+                    torch.empty(0, dtype=torch.uint8)
+                parts.append(tensor.view(dtype).reshape(header["shape"]))
+            calls.append(parts)
+
+
+def compare_outputs(theirs: str, mine: str, rtol: float, atol: float):
+    """None if the outputs in ``theirs`` match those in ``mine`` (this kernel's) call by call
+    within the tolerances, else what differs first. Run in the clean kernel."""
+    torch = _torch()
+    try:
+        got = _read_outputs(theirs)
+    except Exception as error:  # a file that is not what dump_outputs writes
+        return f"the outputs could not be read back ({type(error).__name__})"
+    expected = _read_outputs(mine)
+    if _len(got) != _len(expected):
+        return f"{_len(got)} outputs were written for {_len(expected)} calls"
+    for number, (parts, wants) in enumerate(zip(got, expected)):
+        where = f"the output of call {number + 1}"
+        if _len(parts) != _len(wants):
+            return f"{where} has {_len(parts)} tensors, expected {_len(wants)}"
+        for part, want in zip(parts, wants):
+            if part is None:
+                return f"{where} is not a plain tensor (or a tuple of them, or a number)"
+            if part.dtype != want.dtype or part.shape != want.shape:
+                return (f"{where} is {_str(part.dtype).replace('torch.', '')} "
+                        f"{tuple(part.shape)}, expected {_str(want.dtype).replace('torch.', '')} "
+                        f"{tuple(want.shape)}")
+            if want.is_floating_point() or want.is_complex():
+                close = torch.isclose(part, want, rtol=rtol, atol=atol, equal_nan=True)
+            else:
+                close = part == want
+            if not bool(close.all()):
+                index = int((~close).reshape(-1).nonzero()[0])
+                return (f"{where} differs at flat index {index}: "
+                        f"{part.reshape(-1)[index].item()!r}, expected "
+                        f"{want.reshape(-1)[index].item()!r}")
+    return None
+
+
+def emit_comparison(theirs: str, mine: str, rtol: float, atol: float) -> None:
+    emit({"problem": compare_outputs(theirs, mine, rtol, atol)}, ("problem",))

@@ -161,8 +161,8 @@ def _register_engine() -> str:
                                                     store_history)
             run = self.speed
             if run is not None and cell.get("id") in run.tests and reply_status(cell) == "ok":
-                learner = TimedKernel(self.kc, run.group, self.km.interrupt_kernel,
-                                      freeze_between=True)
+                learner = TimedKernel(self.kc, run.group, run.exchange,
+                                      self.km.interrupt_kernel, freeze_between=True)
                 test = run.tests[cell["id"]]
                 run.results[cell["id"]] = await measure(
                     test, run.device, run.seed, learner, run.start_clean, test.clean_source)
@@ -244,6 +244,14 @@ def _stop(launch: KernelLaunch) -> None:
         shutil.rmtree(launch.sockets, ignore_errors=True)
 
 
+def _exchange(launch: KernelLaunch) -> Path:
+    """A folder the kernel reads and writes at the same path: its sockets' (in a sandbox),
+    else one beside its working directory (removed with the working directory's parent run)."""
+    if launch.sockets is not None:
+        return Path(launch.sockets)
+    return Path(tempfile.mkdtemp(prefix="exchange-", dir=Path(launch.cwd).parent))
+
+
 def _clean_kernels(place: Callable[[], CleanPlace], spawner: Spawner,
                    threads: Optional[int]):
     """A function that starts a clean kernel for a speed test (see :mod:`.timing`)."""
@@ -268,8 +276,8 @@ def _clean_kernels(place: Callable[[], CleanPlace], spawner: Spawner,
             raise SetupProblem(f"a clean kernel did not start: {type(error).__name__}: "
                                f"{error}") from None
         # Kept still between requests as the learner's is, so both wake alike.
-        return TimedKernel(client, where.group, manager.interrupt_kernel, freeze_between=True,
-                           on_close=close)
+        return TimedKernel(client, where.group, _exchange(launch), manager.interrupt_kernel,
+                           freeze_between=True, on_close=close)
     return start
 
 
@@ -303,7 +311,7 @@ def execute(nb: nbformat.NotebookNode, workdir: Path, *, parameters: Dict[str, o
     speed = None
     if speed_tests and clean_place is not None:
         speed = SpeedRun(speed_tests, str(parameters.get("autograder_device", "cpu")), seed,
-                         group, _clean_kernels(clean_place, spawner, threads))
+                         group, _exchange(launch), _clean_kernels(clean_place, spawner, threads))
     watchdog = threading.Timer(limits.notebook, launch.kill)
     watchdog.daemon = True
     flooded = threading.Event()

@@ -180,6 +180,19 @@ def t975(df: int) -> float:
     return 1.960 + 2.4 / df  # within 0.003 of the exact value beyond 30
 
 
+# ... and its 99.9th percentile (a one-sided test at 0.1 %), by the degrees of freedom at
+# which it is tabulated; between them the next lower one is used (a little stricter).
+_T999 = {1: 318.3, 2: 22.33, 3: 10.21, 4: 7.173, 5: 5.893, 6: 5.208, 7: 4.785, 8: 4.501,
+         9: 4.297, 10: 4.144, 12: 3.930, 15: 3.733, 20: 3.552, 25: 3.450, 30: 3.385, 40: 3.307,
+         60: 3.232, 120: 3.160}
+
+
+def t999(df: int) -> float:
+    if df < 1:
+        return math.inf
+    return _T999[max(k for k in _T999 if k <= df)]
+
+
 @dataclass
 class Speedup:
     """The speedup from paired rounds: per round, the baseline's seconds per call over the
