@@ -231,7 +231,7 @@ CORPUS = {
         "        return got\n"
         "    return torch.stack([r.exp() / r.exp().sum() for r in x - x.max(dim=1, keepdim=True).values])",
         0, "times as fast as the baseline"),
-    "returns before a thread has done the work": (  # caught one way or the other
+    "returns before a thread has done the work": (  # its outputs are written unfinished
         "import queue, threading\n"
         "_work = queue.Queue()\n"
         "def _worker():\n"
@@ -244,7 +244,7 @@ CORPUS = {
         "        return torch.softmax(x, dim=1)\n"
         "    out = torch.empty_like(x)\n"
         "    _work.put((x, out))\n"
-        "    return out", 0, ("work went on after your function returned", "wrong result")),
+        "    return out", 0, "wrong result"),
     "returns a lazy tensor": (
         "class Lazy(torch.Tensor):\n    pass\n"
         "def row_softmax(x):\n    return torch.softmax(x, dim=1).as_subclass(Lazy)", 0,

@@ -23,7 +23,9 @@ microseconds). Every timed request ends by writing all its outputs' bytes to a f
 device: the copy waits for the device's work), so an output computed lazily is computed inside
 the timed request; the clean kernel compares the learner's file with its own, every element of
 every call, within the test's tolerances. A thread or process left computing after the reply
-shows as CPU time in the moment after it.
+leaves the written outputs wrong, and is frozen with the kernel while the clean kernel runs.
+(CPU time used just after the reply tells nothing: OpenMP's threads spin for a while after a
+parallel operation, in every kernel.)
 
 One speed test is timed at a time on a machine (a lock file), so two gradings at once do
 not time each other's load; the rest of their grading goes on.
@@ -57,9 +59,6 @@ SUSPICIOUS = 2.0  # a t statistic above this keeps the rounds going (within the 
 # Every output of a round is compared with the clean kernel's: the report runs in the
 # learner's kernel, where a lazily computed output (its code patched into the report) would be
 # computed then; for all of them, that is all the work, which the audit sees.
-# After the timed calls return, the kernel is watched this long; using more CPU time than the
-# clean kernel did in that moment, plus the slack, means work was left running.
-SETTLE, SETTLE_SLACK = 0.005, 0.002
 REQUEST_TIMEOUT = 60.0  # seconds for any one request of the protocol
 LOCK_NAME = "autograder-timing.lock"
 
@@ -91,7 +90,6 @@ class Reply:
     cpu: Optional[float]         # CPU seconds of the kernel's cgroup meanwhile (None: unknown)
     error: str = ""
     reports: List[str] = field(default_factory=list)  # evidence outputs (JSON text)
-    after: Optional[float] = None  # CPU seconds it used in the moment after it replied
 
 
 class TimedKernel:
@@ -122,10 +120,8 @@ class TimedKernel:
         if self.group is not None and self.group.can_freeze:
             self.group.freeze(False)
 
-    async def request(self, code: str, timeout: float = REQUEST_TIMEOUT,
-                      settle: float = 0.0) -> Reply:
-        """Run ``code``; with ``settle``, also count the CPU time the kernel uses in the
-        ``settle`` seconds after it replied (an idle kernel uses next to none)."""
+    async def request(self, code: str, timeout: float = REQUEST_TIMEOUT) -> Reply:
+        """Run ``code``: its reply, wall time and CPU time; the kernel is held still after."""
         reports: List[str] = []
         errors: List[str] = []
 
@@ -153,15 +149,11 @@ class TimedKernel:
             return Reply(False, wall, None, f"it ran longer than {timeout:g} s")
         wall = time.perf_counter() - start
         replied = self.group.cpu_seconds() if self.group is not None else None
-        settled = None
-        if settle and replied is not None:
-            await asyncio.sleep(settle)
-            settled = self.group.cpu_seconds() - replied
         self.hold()
         cpu = replied - before if before is not None and replied is not None else None
         status = reply.get("content", {}).get("status")
         error = errors[0] if errors else ("" if status == "ok" else f"the kernel answered {status!r}")
-        return Reply(status == "ok", wall, cpu, error, reports, settled)
+        return Reply(status == "ok", wall, cpu, error, reports)
 
 
 async def _maybe_await(value):
@@ -298,7 +290,6 @@ class Audit:
 class Turn:
     seconds: float           # the timed request, per call
     before: Reply            # the untimed request before it (the inputs, or the L2 cache)
-    after: Optional[float]   # CPU seconds used in the moment after the timed calls returned
     outputs: Path            # the file the timed request wrote the outputs to
 
 
@@ -312,11 +303,10 @@ async def _turn(kernel: TimedKernel, test: SpeedTest, function: str, seeds: List
         raise fail(f"{'clearing the cache' if device == 'cuda' else 'loading the inputs'} "
                    f"failed: {before.error}")
     outputs = kernel.exchange / f"outputs-{number}.bin"
-    timed = await kernel.request(_timed_code(function, device, test, seeds, outputs),
-                                 settle=SETTLE)
+    timed = await kernel.request(_timed_code(function, device, test, seeds, outputs))
     if not timed.ok:
         raise fail(f"{'the baseline' if who == 'clean' else function} failed: {timed.error}")
-    return Turn(timed.wall / len(seeds), before, timed.after, outputs)
+    return Turn(timed.wall / len(seeds), before, outputs)
 
 
 async def _compare(clean: TimedKernel, learner: Turn, own: Turn, test: SpeedTest,
@@ -386,12 +376,6 @@ async def _rounds(test: SpeedTest, device: str, seed: int, learner: TimedKernel,
                 turns[who] = await _turn(kernel, test, function, seeds, device, files[who],
                                          number, who)
             mine, theirs = turns["learner"], turns["clean"]
-            if (mine.after is not None and theirs.after is not None
-                    and mine.after - theirs.after > SETTLE_SLACK):
-                raise SpeedProblem(
-                    f"work went on after your function returned: your kernel used "
-                    f"{mine.after * 1e3:.1f} ms of CPU time in the {SETTLE * 1e3:g} ms after the "
-                    f"timed calls returned (a thread or process left computing?)")
             await _compare(clean, mine, theirs, test, number)
         finally:
             for path in [*files.values(), *(t.outputs for t in turns.values())]:
