@@ -14,10 +14,10 @@ Each round draws fresh inputs from new seeds (no output can be reused) and times
 calls of the candidate in the learner's kernel and of the baseline in a *clean kernel* (the
 same sandbox and cgroup limits, a fresh working directory, only the speed test's own code run
 in it), one after the other, in alternating order. On a CPU the clean kernel draws the inputs
-into a file, and each kernel loads its own copy in an untimed request: a hooked random
-generator in the learner's kernel never sees them being drawn, and loading is a copy that
-takes little and varies little, so any work added to it shows in the cgroup's CPU time beside
-the clean kernel's. On CUDA an untimed request first clears the L2 cache (writing more memory
+into a file, and each kernel maps its own copy of it in an untimed request (its pages are read
+when the calls first touch them): a hooked random generator in the learner's kernel never sees
+the inputs drawn, and mapping takes little and varies little, so work added to that request
+shows in the cgroup's CPU time beside the clean kernel's. On CUDA an untimed request first clears the L2 cache (writing more memory
 than it holds) and the inputs are drawn inside the timed request (a GPU draws them in
 microseconds). Every timed request ends by writing all its outputs' bytes to a file (from the
 device: the copy waits for the device's work), so an output computed lazily is computed inside
@@ -340,8 +340,8 @@ async def _inputs(clean: TimedKernel, learner: TimedKernel, test: SpeedTest, see
     """On a CPU: the clean kernel draws one round's inputs into a file of its folder, and the
     grader copies it into the learner's; each kernel loads its own copy (the learner's cannot
     change what the clean kernel loads). Drawing them in the learner's kernel would let a
-    hooked random generator compute the answers while drawing, where loading is a copy that
-    takes little and varies little, so the audit sees any work added to it."""
+    hooked random generator compute the answers while drawing, where mapping the file takes
+    little and varies little, so the audit sees work added to it."""
     name = f"inputs-{number}.pt"
     drawn = await clean.request(f"{_draw(test, seeds)}\n{_save_inputs(clean.exchange / name)}")
     if not drawn.ok:
