@@ -32,6 +32,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from autograder.pipeline.checks import parse
+
 DECLARATION = "SPEED_TEST"
 DEVICES = ("cpu", "cuda")
 REQUIRED = ("candidate", "baseline", "inputs", "points")
@@ -89,7 +91,7 @@ def declaration(source: str) -> Optional[SpeedTest]:
     Raises DeclarationError, naming what is wrong, for a declaration that cannot be used: the
     instructor learns it when the assignment is prepared, not from a learner's grade."""
     try:
-        tree = ast.parse(source)
+        tree = parse(source)  # one thread at a time: CPython 3.11's parser is not thread-safe
     except SyntaxError:
         return None
     found = [node for node in tree.body if isinstance(node, ast.Assign)
@@ -156,7 +158,7 @@ def clean_source(setup_code: str, source: str, candidate: str) -> str:
     every top-level statement of the speed test's cell that does not mention the candidate
     (its imports, the baseline, the inputs, their constants, the declaration; not the
     asserts that call the learner's function)."""
-    tree = ast.parse(source)
+    tree = parse(source)
     lines = source.splitlines()
     kept = []
     for node in tree.body:
