@@ -294,7 +294,7 @@ def test_a_malformed_declaration_stops_grade_before_any_submission(tmp_path):
     path = course / "solutions" / "speedy" / "speedy.ipynb"
     nb = nbformat.read(path, as_version=4)
     for cell in nb.cells:
-        cell.source = cell.source.replace('"cpu": [1.5, 4.0]', '"cpu": [4.0, 1.5]')
+        cell.source = cell.source.replace('"cpu": [1.5, 3.0]', '"cpu": [3.0, 1.5]')
     nbformat.write(nb, path)
     (course / "submitted" / "ann" / "speedy").mkdir(parents=True)
     nbformat.write(nb, course / "submitted" / "ann" / "speedy" / "speedy.ipynb")
