@@ -29,8 +29,9 @@ from __future__ import annotations
 
 import ast
 import math
+import statistics
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from autograder.pipeline.checks import parse
 
@@ -221,11 +222,10 @@ class Speedup:
         logs = self._logs
         if not logs:
             raise ValueError("no round was timed")
-        mean = sum(logs) / len(logs)
+        mean = statistics.fmean(logs)
         if len(logs) < 2:
             return (0.0, math.exp(mean), math.inf)
-        sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / (len(logs) - 1))
-        half = t975(len(logs) - 1) * sd / math.sqrt(len(logs))
+        half = t975(len(logs) - 1) * statistics.stdev(logs, mean) / math.sqrt(len(logs))
         return (math.exp(mean - half), math.exp(mean), math.exp(mean + half))
 
     def precise(self, precision: float) -> bool:
@@ -237,12 +237,8 @@ class Speedup:
 
     def seconds(self) -> Tuple[float, float]:
         """The median seconds per call of the candidate and of the baseline."""
-        def median(values: Sequence[float]) -> float:
-            ordered = sorted(values)
-            middle = len(ordered) // 2
-            return (ordered[middle] if len(ordered) % 2
-                    else (ordered[middle - 1] + ordered[middle]) / 2)
-        return (median([c for c, _ in self.pairs]), median([b for _, b in self.pairs]))
+        return (statistics.median(c for c, _ in self.pairs),
+                statistics.median(b for _, b in self.pairs))
 
 
 def points_for(speedup: float, schedule: Tuple[float, float], points: float,

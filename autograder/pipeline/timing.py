@@ -37,6 +37,7 @@ import json
 import math
 import os
 import shutil
+import statistics
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -262,8 +263,8 @@ class Audit:
         extra = self.extra[name]
         if len(extra) < 2:
             return 0.0
-        mean = sum(extra) / len(extra)
-        sd = math.sqrt(sum((x - mean) ** 2 for x in extra) / (len(extra) - 1))
+        mean = statistics.fmean(extra)
+        sd = statistics.stdev(extra, mean)
         if sd == 0:
             return math.inf if mean > 0 else -math.inf if mean < 0 else 0.0
         return mean / (sd / math.sqrt(len(extra)))
@@ -278,9 +279,8 @@ class Audit:
         for name, extra in self.extra.items():
             if len(extra) < 2:
                 continue
-            mean = sum(extra) / len(extra)
             if self._t(name) > t999(len(extra) - 1):
-                timed = sum(self.timed) / len(self.timed)
+                mean, timed = statistics.fmean(extra), statistics.fmean(self.timed)
                 raise SpeedProblem(
                     f"your kernel worked outside the timed calls: over {len(extra)} rounds it "
                     f"used {mean * 1e3:.1f} ms more {name} time per round than the clean kernel "
