@@ -4,8 +4,10 @@ For each answer, ``--gradings`` copies of one notebook (the same bytes, so the s
 ``TEST_SEED``: the same file graded again) are handed in under new student ids and graded in one
 ``python -m autograder grade`` run, with ``--jobs 1``, ``--jobs 2``, and ``--jobs 2`` while
 ``--load`` busy processes keep the machine's cores occupied. The table gives, per run, the
-speed points each copy got, the spread of the measured speedup (min, median, max, and max/min - 1),
-the seconds the speed test took (the clean kernel, the warm-up and the timed rounds) and the
+CPUs the timed kernels had to themselves ("no": not pinned), the speed points each copy got,
+the spread of the measured speedup (min, median, max, and max/min - 1), the timed rounds
+(median, and how many gradings reached the precision asked for within the budget), the
+seconds the speed test took (the clean kernel, the warm-up and the timed rounds) and the
 seconds each grading took in all (medians).
 
     .venv/bin/python benchmarks/speed_stability.py --gradings 10
@@ -93,8 +95,13 @@ def row(name: str, jobs: int, busy: int, graded: list) -> str:
               f"({(speedups[-1] / speedups[0] - 1) * 100:.0f} %)") if speedups else "-"
     timing = statistics.median(s["seconds"] for _, s, _ in graded)
     total = statistics.median(t for _, _, t in graded)
-    return (f"| {name} | {jobs} | {busy} | {len(graded)} | {shown} | {spread} | "
-            f"{timing:.1f} | {total:.1f} |")
+    pinned = Counter(",".join(map(str, s.get("cpus") or [])) or "no" for _, s, _ in graded)
+    cpus = ", ".join(f"{c} x{n}" for c, n in sorted(pinned.items()))
+    measured = [s for _, s, _ in graded if "rounds" in s]
+    rounds = (f"{statistics.median(s['rounds'] for s in measured):g} "
+              f"({sum(bool(s['precise']) for s in measured)} precise)") if measured else "-"
+    return (f"| {name} | {jobs} | {busy} | {len(graded)} | {cpus} | {shown} | {spread} | "
+            f"{rounds} | {timing:.1f} | {total:.1f} |")
 
 
 def main(argv=None) -> int:
@@ -114,9 +121,10 @@ def main(argv=None) -> int:
              "--force"], course, "nbgrader generate_assignment")
         print(f"{args.gradings} gradings of the same file per run, on {os.cpu_count()} cores "
               f"({cpu_name()}), Python {platform.python_version()}", flush=True)
-        lines = ["| answer | jobs | busy processes | gradings | points (of the cell's) | "
-                 "speedup min / median / max (spread) | speed test s | grading s |",
-                 "|---|---|---|---|---|---|---|---|"]
+        lines = ["| answer | jobs | busy processes | gradings | timed on CPU | "
+                 "points (of the cell's) | speedup min / median / max (spread) | "
+                 "rounds (median) | speed test s | grading s |",
+                 "|---|---|---|---|---|---|---|---|---|---|"]
         for name, answer in ANSWERS.items():
             for jobs, busy in ((1, 0), (2, 0), (2, args.load)):
                 tag = f"{name}-{jobs}-{busy}"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 import os
 import shutil
 import subprocess
@@ -94,12 +95,12 @@ def test_the_clean_kernel_runs_setup_and_all_but_what_calls_the_candidate():
     assert set(namespace) >= {"slow", "draw", "SPEED_TEST"}
 
 
-def test_the_interval_narrows_with_steady_rounds_and_its_centre_is_the_geometric_mean():
+def test_the_interval_narrows_with_steady_rounds_and_its_centre_is_a_trimmed_geometric_mean():
     steady = Speedup()
     for candidate, baseline in [(1.0, 4.0), (1.0, 4.1), (1.02, 4.0), (0.99, 3.95), (1.0, 4.02)]:
         steady.add(candidate, baseline)
     low, centre, high = steady.interval()
-    ratios = [b / c for c, b in steady.pairs]
+    ratios = sorted(b / c for c, b in steady.pairs)[1:-1]  # 20 % of 5 rounds: one each end
     assert centre == pytest.approx(math.exp(sum(map(math.log, ratios)) / len(ratios)))
     assert low < centre < high and steady.precise(0.05)
     noisy = Speedup()
@@ -111,6 +112,20 @@ def test_the_interval_narrows_with_steady_rounds_and_its_centre_is_the_geometric
         Speedup().add(0.0, 1.0)
     assert t975(1) > t975(5) > t975(30) > t975(1000) > 1.96
     assert t999(4) > t999(11) == t999(10) > t999(1000) > 3.09
+
+
+def test_a_round_another_program_slowed_moves_the_speedup_little():
+    rounds = [(1.0, 4.0 + 0.01 * (n % 5)) for n in range(20)]
+    clean, disturbed = Speedup(), Speedup()
+    for pair in rounds:
+        clean.add(*pair)
+    for number, (candidate, baseline) in enumerate(rounds):
+        # two rounds in which the candidate's calls shared their CPU (three times as slow)
+        disturbed.add(candidate * (3 if number in (4, 11) else 1), baseline)
+    assert disturbed.interval()[1] == pytest.approx(clean.interval()[1], rel=0.01)
+    assert disturbed.precise(0.05)
+    plain_mean = math.exp(statistics.fmean(math.log(b / c) for c, b in disturbed.pairs))
+    assert plain_mean < 0.92 * clean.interval()[1]  # what the untrimmed mean would have said
 
 
 @pytest.mark.parametrize("speedup, expected", [

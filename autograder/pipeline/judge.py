@@ -121,6 +121,16 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.3g} ms" if seconds < 1 else f"{seconds:.3g} s"
 
 
+def _clock_words(timed: dict) -> str:
+    """What the times are, as the feedback says it."""
+    what = ("CPU time, each kernel's processes counted together" if timed.get("clock") == "cpu"
+            else "wall-clock time")
+    cpus = timed.get("cpus")
+    if cpus:
+        what += f", on CPU {', '.join(map(str, cpus))} kept for the two timed kernels"
+    return what
+
+
 def speed_verdict(test: TestCell, timed: Optional[dict]) -> Tuple[float, str, str]:
     """(points, outcome, feedback) of a speed test whose cell ran, from what was timed."""
     if not timed:
@@ -137,7 +147,7 @@ def speed_verdict(test: TestCell, timed: Optional[dict]) -> Tuple[float, str, st
              f"(95 % interval {timed['low']:.2f} to {timed['high']:.2f}, "
              f"{timed['rounds']} rounds of {timed['calls']} call(s) each): "
              f"{_ms(timed['candidate_seconds'])} per call, the baseline "
-             f"{_ms(timed['baseline_seconds'])} (medians).",
+             f"{_ms(timed['baseline_seconds'])} (medians of {_clock_words(timed)}).",
              f"Points: none at {low:g} times or less, all {test.points:g} at {high:g} times "
              f"or more; {earned:g} here."]
     if not timed.get("verified"):

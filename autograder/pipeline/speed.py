@@ -196,6 +196,9 @@ def t999(df: int) -> float:
     return _T999[max(k for k in _T999 if k <= df)]
 
 
+TRIM = 0.2  # the share of rounds left out at each end of the speedup's mean
+
+
 @dataclass
 class Speedup:
     """The speedup from paired rounds: per round, the baseline's seconds per call over the
@@ -217,16 +220,22 @@ class Speedup:
 
     def interval(self) -> Tuple[float, float, float]:
         """(low, centre, high): the 95 % interval of the speedup and its centre, from the
-        mean of the rounds' log ratios (the interval is symmetric in log space, so its
-        centre is the geometric mean of the ratios)."""
-        logs = self._logs
+        rounds' log ratios: their 20 % trimmed mean, with Yuen's interval (the winsorised
+        spread), so that a round another program slowed moves neither much. The interval is
+        symmetric in log space: its centre is a geometric mean of the ratios."""
+        logs = sorted(self._logs)
         if not logs:
             raise ValueError("no round was timed")
-        mean = statistics.fmean(logs)
-        if len(logs) < 2:
-            return (0.0, math.exp(mean), math.inf)
-        half = t975(len(logs) - 1) * statistics.stdev(logs, mean) / math.sqrt(len(logs))
-        return (math.exp(mean - half), math.exp(mean), math.exp(mean + half))
+        n = len(logs)
+        cut = int(TRIM * n)
+        kept = logs[cut:n - cut]
+        centre = statistics.fmean(kept)
+        if len(kept) < 2:
+            return (0.0, math.exp(centre), math.inf)
+        winsorised = [kept[0]] * cut + kept + [kept[-1]] * cut
+        error = statistics.stdev(winsorised) / ((1 - 2 * cut / n) * math.sqrt(n))
+        half = t975(len(kept) - 1) * error
+        return (math.exp(centre - half), math.exp(centre), math.exp(centre + half))
 
     def precise(self, precision: float) -> bool:
         """Whether the interval lies within ``precision`` (a fraction) of its centre."""

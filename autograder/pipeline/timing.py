@@ -6,7 +6,8 @@ is believed. What decides is measured by the grader:
 * **wall time on the grader's clock**, from sending a request to the kernel's reply: the
   kernel cannot change it, and everything the request made the kernel do is in it;
 * **the CPU time of the kernel's cgroup** (every thread and process it started), read
-  before and after each request;
+  before and after each request: on a CPU, what the timed calls are measured by (other
+  programs on the machine lengthen the wall time, not this), beside the wall time;
 * **the cgroup frozen** between the learner's turns: no thread or process of the kernel can
   work while the baseline is timed or while the grader compares outputs.
 
@@ -28,7 +29,10 @@ leaves the written outputs wrong, and is frozen with the kernel while the clean 
 parallel operation, in every kernel.)
 
 One speed test is timed at a time on a machine (a lock file), so two gradings at once do
-not time each other's load; the rest of their grading goes on.
+not time each other's load; the rest of their grading goes on, but not on the timed kernels'
+CPUs: where the cgroups have a ``cpuset``, the two timed kernels get ``TIMING_CPUS`` of the
+machine's CPUs to themselves and every other grading's kernels the rest
+(:mod:`autograder.sandbox.cpus`); both run that many threads, whatever ``--jobs`` is.
 """
 from __future__ import annotations
 
@@ -48,6 +52,7 @@ from autograder.pipeline.checks import decode
 from autograder.pipeline.speed import SpeedTest, Speedup, t999
 from autograder.protocol import EVIDENCE_MIME, EVIDENCE_MODULE
 from autograder.sandbox.cgroups import ResourceGroup
+from autograder.sandbox.cpus import TimingCpus
 
 # The learner's untimed requests against the clean kernel's same requests (CPU time; on CUDA
 # also wall time). One round is refused if they took more than its timed calls, half the clean
@@ -296,7 +301,8 @@ class Turn:
 
 
 async def _turn(kernel: TimedKernel, test: SpeedTest, function: str, seeds: List[int],
-                device: str, inputs: Optional[Path], number: int, who: str) -> Turn:
+                device: str, inputs: Optional[Path], number: int, who: str,
+                measured_by: str) -> Turn:
     """One kernel's turn: the untimed request before (loading the inputs, or on CUDA clearing
     the L2 cache), then the timed calls, which end by writing their outputs."""
     fail = SetupProblem if who == "clean" else SpeedProblem
@@ -308,7 +314,16 @@ async def _turn(kernel: TimedKernel, test: SpeedTest, function: str, seeds: List
     timed = await kernel.request(_timed_code(function, device, test, seeds, outputs))
     if not timed.ok:
         raise fail(f"{'the baseline' if who == 'clean' else function} failed: {timed.error}")
-    return Turn(timed.wall / len(seeds), before, outputs)
+    spent = timed.cpu if measured_by == "cpu" else timed.wall
+    return Turn(spent / len(seeds), before, outputs)
+
+
+def clock(device: str, *kernels: TimedKernel) -> str:
+    """What a timed request is measured by: on a CPU, the CPU time of the kernel's cgroup,
+    which other programs sharing the CPU do not inflate (their slices would, on the wall
+    clock, and more for short calls than for long ones); on CUDA, the wall clock, since
+    the work is the device's. Without a cgroup, the wall clock (and no points: see judge)."""
+    return "cpu" if device != "cuda" and all(k.watched for k in kernels) else "wall"
 
 
 async def _compare(clean: TimedKernel, learner: Turn, own: Turn, test: SpeedTest,
@@ -355,6 +370,10 @@ async def _inputs(clean: TimedKernel, learner: TimedKernel, test: SpeedTest, see
 WARM_UP = (1, 4)  # the calls of the rounds before the counted ones: from their times, the
 #                   time of one call without the request's own (the slope), hence the calls
 #                   a counted round needs
+SETTLING = 1  # rounds more, uncounted, at those calls: the first round that keeps so many
+#               outputs at once takes new memory from the system (page faults), later ones
+#               reuse it
+UNCOUNTED = len(WARM_UP) + SETTLING
 
 
 async def _rounds(test: SpeedTest, device: str, seed: int, learner: TimedKernel,
@@ -376,7 +395,7 @@ async def _rounds(test: SpeedTest, device: str, seed: int, learner: TimedKernel,
         try:
             for who, kernel, function in order:
                 turns[who] = await _turn(kernel, test, function, seeds, device, files[who],
-                                         number, who)
+                                         number, who, clock(device, learner, clean))
             mine, theirs = turns["learner"], turns["clean"]
             await _compare(clean, mine, theirs, test, number)
         finally:
@@ -384,7 +403,7 @@ async def _rounds(test: SpeedTest, device: str, seed: int, learner: TimedKernel,
                 if path is not None:
                     path.unlink(missing_ok=True)
         audit.add([mine.before], [theirs.before], mine.seconds * calls,
-                  counted=number >= len(WARM_UP))
+                  counted=number >= UNCOUNTED)
         if number < len(WARM_UP):  # not counted: they set the calls per round
             warm_up[calls] = mine.seconds * calls
             if number + 1 < len(WARM_UP):
@@ -394,7 +413,7 @@ async def _rounds(test: SpeedTest, device: str, seed: int, learner: TimedKernel,
                 per_call = max((warm_up[many] - warm_up[few]) / (many - few),
                                warm_up[many] / many / 10, 1e-6)
                 calls = max(1, min(test.max_calls, math.ceil(test.round_seconds / per_call)))
-        else:
+        elif number >= UNCOUNTED:
             speedup.add(mine.seconds, theirs.seconds)
         number += 1
         if speedup.rounds >= test.max_rounds or (speedup.rounds >= test.rounds
@@ -410,6 +429,21 @@ async def _rounds(test: SpeedTest, device: str, seed: int, learner: TimedKernel,
             raise SpeedProblem(f"two rounds did not fit in {2 * test.seconds:g} s")
     audit.check_totals()
     return calls
+
+
+# The timed kernels' threads, whatever --jobs gave each kernel: the speedup then does not
+# depend on how many gradings run at once, and with the timed kernels alone on as many CPUs
+# (autograder.sandbox.cpus), no thread waits for a CPU another one holds.
+TIMING_CPUS = 1
+RESTORE_THREADS = ("__import__('torch').set_num_threads(__autograder_threads)\n"
+                   "del __autograder_threads")
+
+
+async def _set_threads(clean: TimedKernel, learner: TimedKernel) -> None:
+    await clean.request(f"__import__('torch').set_num_threads({TIMING_CPUS})")
+    # The learner's kernel gets its own count back afterwards, for the cells after this one.
+    await learner.request("__autograder_threads = __import__('torch').get_num_threads()\n"
+                          f"__import__('torch').set_num_threads({TIMING_CPUS})")
 
 
 async def measure(test: SpeedTest, device: str, seed: int, learner: TimedKernel,
@@ -431,7 +465,15 @@ async def measure(test: SpeedTest, device: str, seed: int, learner: TimedKernel,
             raise SetupProblem(f"the speed test's cell failed in a clean kernel: {prepared.error}")
         async with MachineLock(lock_folder):
             learner.hold()
-            calls = await _rounds(test, device, seed, learner, clean, speedup)
+            with TimingCpus([k.group.cpuset_folder if k.group else None
+                             for k in (learner, clean)], TIMING_CPUS, lock_folder) as cpus:
+                result["cpus"] = cpus.cpus or None
+                result["clock"] = clock(device, learner, clean)
+                await _set_threads(clean, learner)
+                try:
+                    calls = await _rounds(test, device, seed, learner, clean, speedup)
+                finally:
+                    await learner.request(RESTORE_THREADS)
     except SpeedProblem as problem:
         result["problem"] = str(problem)
     except SetupProblem as problem:
@@ -445,6 +487,7 @@ async def measure(test: SpeedTest, device: str, seed: int, learner: TimedKernel,
         candidate_s, baseline_s = speedup.seconds()
         result.update(speedup=centre, low=low, high=high, rounds=speedup.rounds,
                       calls=calls, candidate_seconds=candidate_s, baseline_seconds=baseline_s,
-                      precise=speedup.precise(test.precision))
+                      precise=speedup.precise(test.precision),
+                      per_round=[[round(c, 7), round(b, 7)] for c, b in speedup.pairs])
     result["seconds"] = round(time.perf_counter() - started, 3)
     return result

@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 from typing import List, Optional, Tuple
 
+from autograder.sandbox.cpus import cpus_for_new_group
+
 
 # The files of each cgroup version: limits to write, and what to read back.
 CGROUP_FILES = {
@@ -22,7 +24,8 @@ CGROUP_FILES = {
         "memory_events": ("memory", "memory.oom_control"),
         "process_peak": ("pids", "pids.peak"),
         "cpu_usage": ("cpuacct", "cpuacct.usage"),
-        "freeze": ("freezer", "freezer.state")},
+        "freeze": ("freezer", "freezer.state"),
+        "cpus": ("cpuset", "cpuset.cpus")},
     2: {"memory_limit": ("memory", "memory.max"),
         "swap_limit": ("memory", "memory.swap.max"),
         "process_limit": ("pids", "pids.max"),
@@ -31,11 +34,13 @@ CGROUP_FILES = {
         "memory_events": ("memory", "memory.events"),
         "process_peak": ("pids", "pids.peak"),
         "cpu_usage": ("memory", "cpu.stat"),
-        "freeze": ("memory", "cgroup.freeze")},
+        "freeze": ("memory", "cgroup.freeze"),
+        "cpus": ("memory", "cpuset.cpus")},
 }
 # Controllers a group gets where the machine has them: what a speed test needs to keep the
-# kernel still between timed requests and to count its CPU time (autograder.pipeline.timing).
-OPTIONAL_V1 = ("freezer", "cpuacct")
+# kernel still between timed requests, to count its CPU time and to give it CPUs of its own
+# (autograder.pipeline.timing, autograder.sandbox.cpus).
+OPTIONAL_V1 = ("freezer", "cpuacct", "cpuset")
 
 
 def cgroup_places(mountinfo: str, own_groups: str) -> Tuple[int, dict]:
@@ -170,7 +175,27 @@ class ResourceGroup:
         except OSError:
             group.close()
             return None
+        group._start_cpus()
         return group
+
+    def _start_cpus(self) -> None:
+        """Give the group its CPUs (a v1 cpuset group has none until told, and no process
+        can join it then); where that fails, the group goes without the controller."""
+        folder = self.cpuset_folder
+        if folder is None or cpus_for_new_group(folder) or self.version == 2:
+            return
+        del self.folders["cpuset"]
+        try:
+            os.rmdir(folder)
+        except OSError:
+            pass
+
+    @property
+    def cpuset_folder(self) -> Optional[str]:
+        """The folder whose ``cpuset.cpus`` sets the group's CPUs (None: no cpuset here)."""
+        controller, name = CGROUP_FILES[self.version]["cpus"]
+        folder = self.folders.get(controller)
+        return folder if folder and os.path.exists(os.path.join(folder, name)) else None
 
     def _path(self, key: str) -> str:
         controller, name = CGROUP_FILES[self.version][key]
