@@ -7,7 +7,8 @@ For each answer, ``--gradings`` copies of one notebook (the same bytes, so the s
 CPUs the timed kernels had to themselves ("no": not pinned), the speed points each copy got,
 the spread of the measured speedup (min, median, max, and max/min - 1), the timed rounds
 (median, and how many gradings reached the precision asked for within the budget), the
-seconds the speed test took (the clean kernel, the warm-up and the timed rounds) and the
+seconds the speed test took (the clean kernel, the warm-up and the timed rounds; not the wait
+for another grading's speed test to end) and the
 seconds each grading took in all (medians).
 
     .venv/bin/python benchmarks/speed_stability.py --gradings 10
@@ -93,7 +94,7 @@ def row(name: str, jobs: int, busy: int, graded: list) -> str:
     shown = ", ".join(f"{p:g} x{n}" for p, n in sorted(points.items()))
     spread = (f"{speedups[0]:.2f} / {statistics.median(speedups):.2f} / {speedups[-1]:.2f} "
               f"({(speedups[-1] / speedups[0] - 1) * 100:.0f} %)") if speedups else "-"
-    timing = statistics.median(s["seconds"] for _, s, _ in graded)
+    timing = statistics.median(s["seconds"] - s.get("waited", 0) for _, s, _ in graded)
     total = statistics.median(t for _, _, t in graded)
     pinned = Counter(",".join(map(str, s.get("cpus") or [])) or "no" for _, s, _ in graded)
     cpus = ", ".join(f"{c} x{n}" for c, n in sorted(pinned.items()))

@@ -38,8 +38,12 @@ seen = {"pid": os.getpid(), "uid": os.getuid(), "gid": os.getgid(),
         "disk": os.statvfs(".").f_blocks * os.statvfs(".").f_frsize,
         "shm": os.listdir("/dev/shm"),
         "hidden_run_dir": sorted(os.listdir(os.path.dirname(os.getcwd())))}
+own_cpus = "/sys/fs/cgroup/cpuset" + next(
+    (line.split(":", 2)[2] for line in open("/proc/self/cgroup").read().splitlines()
+     if line.split(":")[1] == "cpuset"), "/") + "/cpuset.cpus"
+seen["own_cpus"] = own_cpus
 for name, path in (("sys", "/sys/fs/cgroup/pids/cgroup.procs"), ("etc", "/etc/hostname"),
-                   ("proc", "/proc/sys/kernel/hostname")):
+                   ("proc", "/proc/sys/kernel/hostname"), ("cpus", own_cpus)):
     try:
         os.close(os.open(path, os.O_WRONLY))
         seen[name] = "writable"
@@ -121,6 +125,9 @@ def test_shared_memory_is_the_kernels_own(seen):
 def test_system_files_cgroups_and_sysctls_are_not_writable(seen):
     for name in ("sys", "etc", "proc"):
         assert seen[name] != "writable", (name, seen[name])
+    # its own group's CPUs (a speed test's timed CPU is set there) included
+    assert "autograder-" in seen["own_cpus"] or not os.path.exists("/sys/fs/cgroup/cpuset")
+    assert seen["cpus"] != "writable", seen["own_cpus"]
 
 
 def test_the_resource_group_counted_the_kernel_and_is_removed(seen):

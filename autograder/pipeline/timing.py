@@ -463,7 +463,9 @@ async def measure(test: SpeedTest, device: str, seed: int, learner: TimedKernel,
         prepared = await clean.request(cell_source)
         if not prepared.ok:
             raise SetupProblem(f"the speed test's cell failed in a clean kernel: {prepared.error}")
+        waiting = time.perf_counter()
         async with MachineLock(lock_folder):
+            result["waited"] = round(time.perf_counter() - waiting, 3)
             learner.hold()
             with TimingCpus([k.group.cpuset_folder if k.group else None
                              for k in (learner, clean)], TIMING_CPUS, lock_folder) as cpus:
