@@ -474,8 +474,8 @@ async def measure(test: SpeedTest, device: str, seed: int, learner: TimedKernel,
                 await _set_threads(clean, learner)
                 try:
                     calls = await _rounds(test, device, seed, learner, clean, speedup)
-                finally:
-                    await learner.request(RESTORE_THREADS)
+                finally:  # briefly: a kernel stuck in the learner's code stays stuck
+                    await learner.request(RESTORE_THREADS, timeout=5.0)
     except SpeedProblem as problem:
         result["problem"] = str(problem)
     except SetupProblem as problem:
