@@ -152,6 +152,74 @@ def dump_outputs(outputs, path: str) -> None:
                 out.write(data)
 
 
+# A speed test's inputs on a CPU: the clean kernel draws them and writes them in one file
+# (a JSON header that says where each tensor's bytes are, then the bytes, each aligned), and
+# each kernel maps its own copy inside the timed request: one header to parse and a view per
+# tensor, next to no time, and whatever else a learner's kernel makes of it is timed too.
+_INPUT_ALIGN = 64
+
+
+def dump_inputs(calls, path: str) -> None:
+    """Write the arguments of the timed calls (a list of tuples of tensors and numbers)."""
+    torch = _torch()
+    header, blobs, offset = [], [], 0
+    for args in calls:
+        described = []
+        for arg in args:
+            kind = _type(arg)
+            if kind in (int, float, bool, type(None)):
+                described.append({"value": arg})
+                continue
+            if kind is not torch.Tensor:
+                raise TypeError(f"a speed test's inputs must be tensors or numbers, not "
+                                f"{kind.__name__}")
+            flat = arg.detach().reshape(-1).contiguous().cpu()
+            data = flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
+            offset += -offset % _INPUT_ALIGN
+            described.append({"dtype": _str(arg.dtype).replace("torch.", ""),
+                              "shape": [int(n) for n in arg.shape], "offset": offset,
+                              "bytes": _len(data)})
+            blobs.append((offset, data))
+            offset += _len(data)
+        header.append(described)
+    text = _dumps(header).encode()
+    start = 8 + _len(text)
+    start += -start % _INPUT_ALIGN
+    with open(path, "wb") as out:
+        out.write(start.to_bytes(8, "little") + text)
+        for at, data in blobs:
+            out.seek(start + at)
+            out.write(data)
+        out.truncate(start + offset)
+
+
+def load_inputs(path: str) -> list:
+    """The calls' arguments written by :func:`dump_inputs`, as tensors over a private map of
+    the file (pages are read when first touched; writing to them changes no one else's)."""
+    import mmap
+    torch = _torch()
+    with open(path, "rb") as source:
+        start = int.from_bytes(source.read(8), "little")
+        header = _json_loads(source.read(start - 8).rstrip(b"\0") or b"[]")
+        size = source.seek(0, 2)
+        mapped = mmap.mmap(source.fileno(), size, access=mmap.ACCESS_COPY) if size else b""
+    calls = []
+    for described in header:
+        args = []
+        for arg in described:
+            if "value" in arg:
+                args.append(arg["value"])
+                continue
+            dtype = getattr(torch, arg["dtype"])
+            count = arg["bytes"] // torch.empty(0, dtype=dtype).element_size()
+            tensor = (torch.frombuffer(mapped, dtype=dtype, count=count,
+                                       offset=start + arg["offset"])
+                      if count else torch.empty(0, dtype=dtype))
+            args.append(tensor.reshape(arg["shape"]))
+        calls.append(tuple(args))
+    return calls
+
+
 def _read_outputs(path: str) -> list:
     torch = _torch()
     calls = []

@@ -15,13 +15,14 @@ Each round draws fresh inputs from new seeds (no output can be reused) and times
 calls of the candidate in the learner's kernel and of the baseline in a *clean kernel* (the
 same sandbox and cgroup limits, a fresh working directory, only the speed test's own code run
 in it), one after the other, in alternating order. On a CPU the clean kernel draws the inputs
-into a file, and each kernel maps its own copy of it in an untimed request (its pages are read
-when the calls first touch them): a hooked random generator in the learner's kernel never sees
-the inputs drawn, and mapping takes little and varies little, so work added to that request
-shows in the cgroup's CPU time beside the clean kernel's. On CUDA an untimed request first clears the L2 cache (writing more memory
-than it holds) and the inputs are drawn inside the timed request (a GPU draws them in
-microseconds). Every timed request ends by writing all its outputs' bytes to a file (from the
-device: the copy waits for the device's work), so an output computed lazily is computed inside
+into a file, and each kernel maps its own copy of it at the start of its timed request (one header parsed and a view per
+tensor; the pages are read when the calls first touch them): a hooked random generator in the
+learner's kernel never sees the inputs drawn, and a hooked loader works inside the timed
+request, so no request of the learner's kernel but the timed one runs while inputs are known.
+On CUDA an untimed request first clears the L2 cache (writing more memory than it holds; its
+time is audited against the clean kernel's, see ``Audit``) and the inputs are drawn inside the
+timed request (a GPU draws them in microseconds). Every timed request ends by writing all its
+outputs' bytes to a file (from the device: the copy waits for the device's work), so an output computed lazily is computed inside
 the timed request; the clean kernel compares the learner's file with its own, every element of
 every call, within the test's tolerances. A thread or process left computing after the reply
 leaves the written outputs wrong, and is frozen with the kernel while the clean kernel runs.
@@ -54,8 +55,8 @@ from autograder.protocol import EVIDENCE_MIME, EVIDENCE_MODULE
 from autograder.sandbox.cgroups import ResourceGroup
 from autograder.sandbox.cpus import TimingCpus
 
-# The learner's untimed requests against the clean kernel's same requests (CPU time; on CUDA
-# also wall time). One round is refused if they took more than its timed calls, half the clean
+# On CUDA, the learner's untimed request before the timed one (clearing the L2 cache) against
+# the clean kernel's same request (CPU time and wall time). One round is refused if they took more than its timed calls, half the clean
 # kernel's time and 10 ms besides (a blatant move of work); over the counted rounds, the extra
 # per round beyond 15 % of the timed calls and half the clean kernel's own (two kernels differ
 # a little, steadily: a learner's kernel has more in it) must not be positive with 99.9 % confidence (a
@@ -63,9 +64,9 @@ from autograder.sandbox.cpus import TimingCpus
 # the test leans that way without being sure, timing goes on.
 ROUND_SLACK, CLEAN_SHARE, TIMED_SHARE = 0.010, 0.5, 0.15
 SUSPICIOUS = 2.0  # a t statistic above this keeps the rounds going (within the budget)
-# Every output of a round is compared with the clean kernel's: the report runs in the
-# learner's kernel, where a lazily computed output (its code patched into the report) would be
-# computed then; for all of them, that is all the work, which the audit sees.
+# Every output of a round is compared with the clean kernel's, after the learner's kernel wrote
+# them inside its timed request: a lazily computed output (its code patched into the writing)
+# is computed there, timed.
 REQUEST_TIMEOUT = 60.0  # seconds for any one request of the protocol
 LOCK_NAME = "autograder-timing.lock"
 
@@ -206,32 +207,22 @@ def _draw(test: SpeedTest, seeds: List[int]) -> str:
             f" for s in {seeds!r}]")
 
 
-def _save_inputs(path: Path) -> str:
-    return f"__import__('torch').save(__autograder_args, {str(path)!r})"
-
-
-def _before_code(device: str, inputs: Optional[Path]) -> str:
-    """The untimed request before the timed one: on a CPU, loading the inputs the clean kernel
-    drew (a copy: the clean kernel loads its own); on CUDA, clearing the L2 cache."""
-    if device == "cuda":
-        return L2_FLUSH
-    # Mapped, not read: loading then takes next to no time, and varies next to nothing, so
-    # work added to it stands out; the pages are read when the calls first touch them.
-    return (f"__autograder_args = __import__('torch').load({str(inputs)!r}, weights_only=True, "
-            "mmap=True)")
+def _evidence(function: str) -> str:
+    return f"__import__({EVIDENCE_MODULE!r}, fromlist=[{function!r}]).{function}"
 
 
 def _timed_code(function: str, device: str, test: SpeedTest, seeds: List[int],
-                outputs: Path) -> str:
-    """The timed request: the calls (on CUDA, after drawing the inputs on the device, which
-    takes microseconds), then every output's bytes written to ``outputs`` (from the device:
-    the copy waits for its work)."""
-    call = f"__autograder_outs = [{function}(*a) for a in __autograder_args]"
-    dump = (f"__import__({EVIDENCE_MODULE!r}, fromlist=['dump_outputs'])"
-            f".dump_outputs(__autograder_outs, {str(outputs)!r})")
+                outputs: Path, inputs: Optional[Path]) -> str:
+    """The timed request: the inputs (on a CPU, mapped from the file the clean kernel wrote;
+    on CUDA, drawn on the device: microseconds either way), the calls, then every output's
+    bytes written to ``outputs`` (from the device: the copy waits for its work)."""
     if device == "cuda":
-        return f"{_draw(test, seeds)}\n{call}\n{dump}"
-    return f"{call}\n{dump}"
+        arguments = _draw(test, seeds)
+    else:
+        arguments = f"__autograder_args = {_evidence('load_inputs')}({str(inputs)!r})"
+    call = f"__autograder_outs = [{function}(*a) for a in __autograder_args]"
+    dump = f"{_evidence('dump_outputs')}(__autograder_outs, {str(outputs)!r})"
+    return f"{arguments}\n{call}\n{dump}"
 
 
 class Audit:
@@ -296,22 +287,23 @@ class Audit:
 @dataclass
 class Turn:
     seconds: float           # the timed request, per call
-    before: Reply            # the untimed request before it (the inputs, or the L2 cache)
+    before: Optional[Reply]  # on CUDA, the untimed request before it (clearing the L2 cache)
     outputs: Path            # the file the timed request wrote the outputs to
 
 
 async def _turn(kernel: TimedKernel, test: SpeedTest, function: str, seeds: List[int],
                 device: str, inputs: Optional[Path], number: int, who: str,
                 measured_by: str) -> Turn:
-    """One kernel's turn: the untimed request before (loading the inputs, or on CUDA clearing
-    the L2 cache), then the timed calls, which end by writing their outputs."""
+    """One kernel's turn: on CUDA an untimed request that clears the L2 cache, then the timed
+    one: the inputs, the calls, and their outputs written."""
     fail = SetupProblem if who == "clean" else SpeedProblem
-    before = await kernel.request(_before_code(device, inputs))
-    if not before.ok:
-        raise fail(f"{'clearing the cache' if device == 'cuda' else 'loading the inputs'} "
-                   f"failed: {before.error}")
+    before = None
+    if device == "cuda":
+        before = await kernel.request(L2_FLUSH)
+        if not before.ok:
+            raise fail(f"clearing the cache failed: {before.error}")
     outputs = kernel.exchange / f"outputs-{number}.bin"
-    timed = await kernel.request(_timed_code(function, device, test, seeds, outputs))
+    timed = await kernel.request(_timed_code(function, device, test, seeds, outputs, inputs))
     if not timed.ok:
         raise fail(f"{'the baseline' if who == 'clean' else function} failed: {timed.error}")
     spent = timed.cpu if measured_by == "cpu" else timed.wall
@@ -353,12 +345,14 @@ async def _compare(clean: TimedKernel, learner: Turn, own: Turn, test: SpeedTest
 async def _inputs(clean: TimedKernel, learner: TimedKernel, test: SpeedTest, seeds: List[int],
                   number: int) -> Tuple[Path, Path]:
     """On a CPU: the clean kernel draws one round's inputs into a file of its folder, and the
-    grader copies it into the learner's; each kernel loads its own copy (the learner's cannot
-    change what the clean kernel loads). Drawing them in the learner's kernel would let a
-    hooked random generator compute the answers while drawing, where mapping the file takes
-    little and varies little, so the audit sees work added to it."""
-    name = f"inputs-{number}.pt"
-    drawn = await clean.request(f"{_draw(test, seeds)}\n{_save_inputs(clean.exchange / name)}")
+    grader copies it into the learner's; each kernel maps its own copy inside its timed
+    request (the learner's cannot change what the clean kernel reads). Drawing them in the
+    learner's kernel would let a hooked random generator compute the answers while drawing,
+    untimed; mapping them in an untimed request would let a hooked loader do the same."""
+    name = f"inputs-{number}.bin"
+    drawn = await clean.request(f"{_draw(test, seeds)}\n"
+                                f"{_evidence('dump_inputs')}(__autograder_args, "
+                                f"{str(clean.exchange / name)!r})")
     if not drawn.ok:
         raise SetupProblem(f"drawing the inputs failed: {drawn.error}")
     copy = learner.exchange / name
@@ -402,8 +396,9 @@ async def _rounds(test: SpeedTest, device: str, seed: int, learner: TimedKernel,
             for path in [*files.values(), *(t.outputs for t in turns.values())]:
                 if path is not None:
                     path.unlink(missing_ok=True)
-        audit.add([mine.before], [theirs.before], mine.seconds * calls,
-                  counted=number >= UNCOUNTED)
+        if device == "cuda":
+            audit.add([mine.before], [theirs.before], mine.seconds * calls,
+                      counted=number >= UNCOUNTED)
         if number < len(WARM_UP):  # not counted: they set the calls per round
             warm_up[calls] = mine.seconds * calls
             if number + 1 < len(WARM_UP):
