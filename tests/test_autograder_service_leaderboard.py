@@ -289,6 +289,9 @@ def test_learners_who_opt_in_are_ranked_by_their_best_speedup(speed_service):
     status, _, text = send(bobby, f"{server.url}/leaderboard",
                            {**forged, "action": "leave"})
     assert status == 403 and "came from another site" in text
+    for token in (None, "wrong"):  # no one, or a wrong token: refused, nothing shown
+        status, body = request(f"{board}.json", token)
+        assert status in (401, 403) and b"Annie" not in body
     assert request(f"{server.url}/leaderboard", data=urllib.parse.urlencode(
         {"action": "join", "display_name": "Nobody"}).encode())[0] in (401, 403)
     # Three hand in: annie the library's softmax, bobby a chunked loop, carol (not on the
