@@ -342,3 +342,15 @@ def test_learners_who_opt_in_are_ranked_by_their_best_speedup(speed_service):
     assert [html.unescape(re.sub(r"</?b>| \(you\)", "", r[1])) for r in rows] == ["Annie Fast"]
     assert [r["name"] for r in json.loads(request(f"{board}.json", people["carol"])[1])[
         "tests"][0]["rows"]] == ["Annie Fast"]
+    # `submit`'s token may join too (no form, no XSRF token: a Bearer request), in JSON
+    joined = {"Authorization": f"Bearer {people['carol']}", "Accept": "application/json"}
+    status, body = request(f"{server.url}/leaderboard", data=urllib.parse.urlencode(
+        {"display_name": "carol\u202e"}).encode(), headers=joined)  # (Tornado drops C0 controls)
+    assert status == 400 and "printable" in json.loads(body)["error"]
+    status, body = request(f"{server.url}/leaderboard", data=urllib.parse.urlencode(
+        {"display_name": "Carol C"}).encode(), headers=joined)
+    assert (status, json.loads(body)) == (200, {"joined": True, "display_name": "Carol C"})
+    data = json.loads(request(f"{board}.json", people["carol"])[1])
+    assert data["joined"] and [r["name"] for r in data["tests"][0]["rows"]] == \
+        sorted(["Annie Fast", "Carol C"], key=lambda n: -stored[
+            {"Annie Fast": "annie", "Carol C": "carol"}[n]][0][0]["speedup"])

@@ -280,7 +280,8 @@ class Graders:
         from autograder.pipeline.report import csv_row
         result = SubmissionResult(self.submission(row), ERROR, message)
         self.store.finish(row.id, status=ERROR, score=0.0, max_score=0.0, penalty=0.0,
-                          message=message, seconds=0.0, csv_row=json.dumps(csv_row(result)))
+                          message=message, seconds=0.0, csv_row=json.dumps(csv_row(result)),
+                          speeds=None)  # (a regrade that failed: on no board meanwhile)
         self._changed(row.id)
 
     def _record(self, row: Row, result, penalty: float) -> None:
