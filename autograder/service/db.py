@@ -1,5 +1,5 @@
 """The submission service's database (SQLite): sign-in tokens, browsers' sessions,
-submissions, the queue.
+submissions, the queue, the speed leaderboard's display names.
 
 The queue *is* the ``submissions`` table: a row is ``queued`` from the moment its upload
 is acknowledged, ``grading`` while a grader has it, ``done`` once its result is committed.
