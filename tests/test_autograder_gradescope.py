@@ -313,3 +313,22 @@ def test_no_hidden_test_reaches_the_results(graded):
         shown = json.dumps(results) + done.stdout + done.stderr
         leaked = [line for line in hidden if line in shown or json.dumps(line)[1:-1] in shown]
         assert not leaked, (case, leaked[:3])
+
+
+def test_the_combined_results_keep_the_speed_tests_leaderboard():
+    """The bundle's results.json carries what each notebook's result gave Gradescope's
+    leaderboard (the speed tests' speedups), named by notebook when there are several:
+    `grade` writes it per notebook (tests/test_autograder_speed.py), and the bundle's
+    combination kept only the tests before."""
+    from autograder.commands.gradescope import _combined
+
+    def result(board):
+        return {"score": 1.0, "output": "graded", "execution_time": 3,
+                "tests": [{"name": "speed", "score": 1.0, "max_score": 4.0}],
+                "extra_data": {}, **({"leaderboard": board} if board else {})}
+    entry = {"name": "speed speedup (cpu)", "value": 4.2, "order": "desc"}
+    assert _combined({"speedy": result([entry])}, [], [])["leaderboard"] == [entry]
+    both = _combined({"a": result([entry]), "b": result([]), "c": result([entry])}, [], [])
+    assert [e["name"] for e in both["leaderboard"]] == ["a: speed speedup (cpu)",
+                                                        "c: speed speedup (cpu)"]
+    assert "leaderboard" not in _combined({"speedy": result([])}, [], [])

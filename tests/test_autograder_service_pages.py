@@ -85,10 +85,12 @@ def test_the_home_page_shows_hostile_names_as_text():
     service = SimpleNamespace(
         signin=SimpleNamespace(prefix="/"), form_targets="", assignments=[assignment],
         config=SimpleNamespace(rules={assignment: Rules(counts="best" + EVIL)}),
-        store=SimpleNamespace(rows=lambda *args: rows))
+        store=SimpleNamespace(rows=lambda *args: rows),
+        speed_tests={assignment: [("demo", "speed")]})
     page = rendered(pages.Home, Person("alan" + EVIL, "learner"), service)
-    # the person, the assignment in the form, the rules and the attempts; the rule's counts
-    assert_shown_as_text(page, count=5)
+    # the person, the assignment in the form, the rules, the attempts and the link to its
+    # speed leaderboard; the rule's counts
+    assert_shown_as_text(page, count=6)
     assert f"<option>demo{''.join(ESCAPED)}</option>" in page
     assert f"Signed in as <b>alan{''.join(ESCAPED)}</b> (learner)" in page
     assert '<a href="/submissions/k3y">1</a>' in page and "<td>1/2</td>" in page

@@ -301,10 +301,12 @@ def _combined(results: Dict[str, dict], notes: List[str], others: List[str]) -> 
     """One results.json from each notebook's (the test names get the notebook's name when
     the assignment has several)."""
     several = len(results) > 1
-    tests, outputs, extra = [], [], {}
+    tests, outputs, extra, board = [], [], {}, []
     for name, result in results.items():
         for test in result.get("tests", []):
             tests.append({**test, "name": f"{name}: {test['name']}"} if several else test)
+        for entry in result.get("leaderboard", []):  # speed tests' speedups
+            board.append({**entry, "name": f"{name}: {entry['name']}"} if several else entry)
         outputs.append(f"{name}.ipynb: {result['output']}" if several else result["output"])
         extra[name] = result.get("extra_data", {})
     for number, test in enumerate(tests, start=1):
@@ -312,7 +314,8 @@ def _combined(results: Dict[str, dict], notes: List[str], others: List[str]) -> 
     if others:
         notes = notes + [f"not graded, not part of this assignment: "
                          f"{', '.join(repr(o + '.ipynb') for o in others)}"]
-    return {"score": round(sum(r["score"] for r in results.values()), 6),
+    return {**({"leaderboard": board} if board else {}),
+            "score": round(sum(r["score"] for r in results.values()), 6),
             "execution_time": sum(r.get("execution_time", 0) for r in results.values()),
             "output": "\n".join([*notes, *outputs]), "tests": tests,
             "extra_data": extra if several else next(iter(extra.values()))}

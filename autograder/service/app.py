@@ -13,6 +13,8 @@ with the OAuth callback ``oauth_callback`` there too):
 ``/submissions/ID.json`` (the same for ``python -m autograder submit``; ``?wait=S`` holds it
 until the upload changes state, at most ``SERVICE_LONG_POLL`` seconds),
 ``/submissions/ID/notebook`` (the executed notebook),
+``/leaderboard/ASSIGNMENT`` and its ``.json`` (the speed leaderboard, :mod:`.board`),
+``POST /leaderboard`` (join it under a display name, change it, or leave),
 ``/instructor``, ``/instructor/grades.csv``, ``POST /instructor/regrade``, and ``/health``
 (for an instructor's monitor, open to anyone and naming no one: graders alive, queue
 length, the oldest upload's wait; 503 when the graders are dead or the queue is stuck).
@@ -48,8 +50,8 @@ import tornado.web
 from tornado import httputil
 from tornado.httpserver import HTTPServer
 
-from autograder.layout import (MAX_NOTEBOOK_BYTES, Course, TooManyCells, mebibytes, notebook_from_bytes,
-                     plural, too_big)
+from autograder.layout import (MAX_NOTEBOOK_BYTES, Course, SourceNotebook, TooManyCells,
+                               mebibytes, notebook_from_bytes, plural, too_big)
 from autograder.options import (SERVICE_DB, SERVICE_FD_PER_JOB, SERVICE_FD_RESERVE,
                       SERVICE_FORM_BYTES, SERVICE_SESSION_DAYS, ServiceLimits)
 from autograder.service.auth import HubSignIn, TokenSignIn, hub_address
@@ -95,6 +97,24 @@ def course_assignments(course: Course) -> List[str]:
         raise ConfigError(f"{course.source_path} is not a folder of assignments")
     return sorted(p.name for p in course.source_path.iterdir()
                   if p.is_dir() and any(p.glob("*.ipynb")))
+
+
+def speed_tests(sources: Dict[str, SourceNotebook]) -> List[tuple]:
+    """(notebook, test cell id) of each speed test the assignment's notebooks declare."""
+    from autograder.pipeline.speed import DeclarationError, declaration
+    found = []
+    for name, source in sorted(sources.items()):
+        for cell in source.notebook.cells:
+            meta = cell.get("metadata", {}).get("nbgrader", {})
+            if cell.cell_type != "code" or not meta.get("grade") or "SPEED_TEST" not in \
+                    cell.source:
+                continue
+            try:
+                if declaration(cell.source) is not None:
+                    found.append((name, meta.get("grade_id", "")))
+            except DeclarationError:
+                continue  # the grader says what is wrong with it, at each grading
+    return found
 
 
 class UploadRefused(ValueError):
@@ -171,6 +191,7 @@ class Service:
         self.gradebook = (f"sqlite:///{self.course.root / 'gradebook.db'}" if gradebook == ""
                           else gradebook)
         self.sources = {a: self.course.source_notebooks(a) for a in self.assignments}
+        self.speed_tests = {a: speed_tests(self.sources[a]) for a in self.assignments}
         self.graders = None
         self._upload_lock = threading.Lock()
         self._loop: Optional[asyncio.AbstractEventLoop] = None
@@ -352,6 +373,26 @@ class Service:
                         has_notebook=bool(row.executed and Path(row.executed).is_file()),
                         tests=row.shown_tests)
         return data
+
+    def leaderboard(self, assignment: str, person: Person) -> dict:
+        """The speed leaderboard of ``assignment`` as ``person`` sees it (the page and its
+        JSON): per speed test, the best verified speedup of each learner who opted in, under
+        their display name; whether ``person`` is on it, and as whom."""
+        from autograder.service.board import ranked
+        names = self.store.board_names()
+        boards = {(b["notebook"], b["test"]): b for b in ranked(
+            self.store.speed_uploads(assignment), names, viewer=person.id)}
+        for notebook, test in self.speed_tests.get(assignment, []):  # declared, none yet
+            boards.setdefault((notebook, test), {"notebook": notebook, "test": test, "rows": []})
+        several = len(self.sources.get(assignment, {})) > 1
+        tests = []
+        for (notebook, test), board in sorted(boards.items()):
+            rows = [{**row, "graded": when(row["graded"])} for row in board["rows"]]
+            tests.append({"notebook": notebook, "test": test, "rows": rows,
+                          "title": f"{notebook}: {test}" if several else test})
+        return {"assignment": assignment, "tests": tests,
+                "best_of": "each learner's best speedup over all of their graded uploads",
+                "joined": person.id in names, "display_name": names.get(person.id)}
 
     def learners(self) -> List[str]:
         """The learners of the instructor's page: the roster's; on a hub (which has no roster

@@ -1,5 +1,5 @@
 """The submission service's database (SQLite): sign-in tokens, browsers' sessions,
-submissions, the queue.
+submissions, the queue, the speed leaderboard's display names.
 
 The queue *is* the ``submissions`` table: a row is ``queued`` from the moment its upload
 is acknowledged, ``grading`` while a grader has it, ``done`` once its result is committed.
@@ -67,17 +67,25 @@ CREATE TABLE IF NOT EXISTS submissions (
     key TEXT,                             -- its id in URLs: random, never guessable
     phases TEXT,                          -- seconds per grading phase, as JSON
     tests TEXT,                           -- its tests as the feedback shows them, as JSON
+    speeds TEXT,                          -- its measured speed tests (board.measured_speeds)
     UNIQUE (student, assignment, notebook, attempt)
 );
 CREATE INDEX IF NOT EXISTS by_state ON submissions (state);
 CREATE INDEX IF NOT EXISTS by_learner ON submissions (student, assignment, notebook);
 CREATE UNIQUE INDEX IF NOT EXISTS by_key ON submissions (key);
+CREATE TABLE IF NOT EXISTS board_names (
+    person TEXT PRIMARY KEY,              -- who opted in to the speed leaderboard
+    name TEXT NOT NULL,                   -- the display name the board shows for them
+    folded TEXT NOT NULL UNIQUE,          -- board.folded(name): one person per name
+    chosen REAL NOT NULL
+);
 """
 
 # The schema's versions: 1, the first service (no version stored); 2, random ids in URLs
 # (``key``; stored, as 0, only by that column); 3, ``phases``, the version stored;
-# 4, ``sessions`` (a browser's sign-in, apart from the person's token); 5, ``tests``.
-SCHEMA_VERSION = 5
+# 4, ``sessions`` (a browser's sign-in, apart from the person's token); 5, ``tests``;
+# 6, the speed leaderboard (``speeds``, ``board_names``).
+SCHEMA_VERSION = 6
 
 
 def _add_keys(db: sqlite3.Connection) -> None:
@@ -114,7 +122,26 @@ def _add_tests(db: sqlite3.Connection) -> None:
         db.execute("UPDATE submissions SET tests = ? WHERE id = ?", (json.dumps(tests), row_id))
 
 
-MIGRATIONS = {2: _add_keys, 3: _add_phases, 4: _add_sessions, 5: _add_tests}  # version -> the step that reaches it
+def _add_board(db: sqlite3.Connection) -> None:
+    """Version 6: the speed leaderboard. Each graded upload's measured speed tests, kept in
+    its row (taken once from the results.json of uploads graded before), and the display
+    names of those who opt in (none yet: no one is on the board until they say so)."""
+    from autograder.service.board import measured_speeds
+    db.execute("ALTER TABLE submissions ADD COLUMN speeds TEXT")
+    for row_id, results in db.execute("SELECT id, results FROM submissions WHERE results "
+                                      "IS NOT NULL").fetchall():
+        try:
+            speeds = measured_speeds(json.loads(Path(results).read_text()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue  # a file gone or unreadable: that upload is on no board
+        db.execute("UPDATE submissions SET speeds = ? WHERE id = ?", (json.dumps(speeds), row_id))
+    for statement in statements(SCHEMA):
+        if "board_names" in statement:
+            db.execute(statement)
+
+
+MIGRATIONS = {2: _add_keys, 3: _add_phases, 4: _add_sessions, 5: _add_tests,
+              6: _add_board}  # version -> the step that reaches it
 
 
 def statements(script: str) -> List[str]:
@@ -200,6 +227,7 @@ class Row:
     key: Optional[str]
     phases: Optional[str]     # JSON: {phase: seconds}, in the order they ran
     tests: Optional[str]      # JSON: feedback.shown_tests of its result
+    speeds: Optional[str] = None  # JSON: board.measured_speeds of its result
 
     @property
     def phase_seconds(self) -> Dict[str, float]:
@@ -208,6 +236,10 @@ class Row:
     @property
     def shown_tests(self) -> List[dict]:
         return json.loads(self.tests) if self.tests else []
+
+    @property
+    def measured_speeds(self) -> List[dict]:
+        return json.loads(self.speeds) if self.speeds else []
 
     @property
     def counted_score(self) -> Optional[float]:
@@ -443,3 +475,41 @@ class Store:
         if rule == "best":
             return max(done, key=lambda r: (r.counted_score or 0.0, r.attempt))
         return max(done, key=lambda r: r.attempt)
+
+    # the speed leaderboard
+
+    def board_names(self) -> Dict[str, str]:
+        """Who is on the speed leaderboard: person -> their display name."""
+        with self._db() as db:
+            return dict(db.execute("SELECT person, name FROM board_names"))
+
+    def join_board(self, person: str, name: str) -> None:
+        """``person`` is on the leaderboard as ``name`` (checked with board.display_name),
+        or under this new name; NameRefused if another person has that name."""
+        from autograder.service.board import NameRefused, folded
+        try:
+            with self._write() as db:
+                db.execute("INSERT INTO board_names (person, name, folded, chosen) VALUES "
+                           "(?, ?, ?, ?) ON CONFLICT (person) DO UPDATE SET name = "
+                           "excluded.name, folded = excluded.folded, chosen = excluded.chosen",
+                           (person, name, folded(name), time.time()))
+        except sqlite3.IntegrityError:
+            raise NameRefused(f"the display name {name!r} is someone else's already: "
+                              "choose another") from None
+
+    def leave_board(self, person: str) -> bool:
+        """``person`` is on the leaderboard no more (their rows go with their name)."""
+        with self._write() as db:
+            return db.execute("DELETE FROM board_names WHERE person = ?",
+                              (person,)).rowcount == 1
+
+    def speed_uploads(self, assignment: str) -> List[Tuple[str, str, Optional[float], List[dict]]]:
+        """(student, notebook, when graded, measured speeds) of each graded upload of
+        ``assignment`` that measured a speed test (an upload queued again for a regrade
+        keeps its last result meanwhile)."""
+        with self._db() as db:
+            found = db.execute("SELECT student, notebook, finished, speeds FROM submissions "
+                               "WHERE assignment = ? AND gradings > 0 AND speeds IS NOT NULL "
+                               "AND speeds != '[]'", (assignment,)).fetchall()
+        return [(student, notebook, finished, json.loads(speeds))
+                for student, notebook, finished, speeds in found]

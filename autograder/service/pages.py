@@ -27,11 +27,13 @@ from typing import NamedTuple, Optional
 import tornado.template
 import tornado.web
 from tornado import httputil
+from tornado.escape import url_escape
 from tornado.ioloop import IOLoop
 
 from autograder.layout import MAX_NOTEBOOK_BYTES, too_big
 from autograder.options import SERVICE_FORM_OVERHEAD, SERVICE_LONG_POLL, SERVICE_REFRESH
 from autograder.service.auth import Refused, bearer
+from autograder.service.board import NAME_MAX, NameRefused, display_name
 from autograder.service.db import DONE, GRADING, QUEUED, Row, when
 from autograder.feedback import mark as test_mark, test_points
 
@@ -215,7 +217,60 @@ class Home(Base):
         rows = service.store.rows("WHERE student = ? ORDER BY id DESC", (self.person.id,))
         self.page("home.html", assignments=service.assignments,
                   rules=[(name, service.config.rules[name]) for name in service.assignments],
-                  attempts=list(zip(range(len(rows), 0, -1), rows)))
+                  attempts=list(zip(range(len(rows), 0, -1), rows)),
+                  boards=[name for name in service.assignments if service.speed_tests.get(name)])
+
+
+class Leaderboard(Base):
+    """``/leaderboard/ASSIGNMENT`` (and ``.json``): the assignment's speed leaderboard, the
+    same for everyone: only those who opted in, under their display names. The page holds
+    the form to join it, change one's name, or leave it."""
+
+    def get(self, assignment: str, suffix: Optional[str]) -> None:
+        if assignment not in self.service.sources:
+            return self.refuse(404, "No such assignment.")
+        data = self.service.leaderboard(assignment, self.person)
+        if suffix == ".json":
+            return self.finish(data)
+        self.board_page(data)
+
+    def board_page(self, data: dict, message: str = "", typed: Optional[str] = None) -> None:
+        self.page("leaderboard.html", data=data, message=message,
+                  typed=data["display_name"] if typed is None else typed,
+                  name_max=NAME_MAX)
+
+
+class BoardName(Base):
+    """``POST /leaderboard``: join the leaderboard as ``display_name``, change it, or leave
+    (``action=leave``). A browser's form carries its XSRF token (checked before this runs);
+    ``submit``'s Bearer requests may post too. Back to the assignment's board (303)."""
+
+    def post(self) -> None:
+        service = self.service
+        assignment = self.get_body_argument("assignment", "")
+        action = self.get_body_argument("action", "join")
+        typed = self.get_body_argument("display_name", "")
+        try:
+            if action == "leave":
+                service.store.leave_board(self.person.id)
+            elif action == "join":
+                service.store.join_board(self.person.id, display_name(typed))
+            else:
+                return self.refuse(400, f"no such action {action!r}: join or leave")
+        except NameRefused as why:
+            self.set_status(400)
+            if self.wants_json() or assignment not in service.sources:
+                return self.refuse(400, str(why))
+            return self.board_page(service.leaderboard(assignment, self.person),
+                                   message=sentence(str(why)), typed=typed)
+        if self.wants_json():
+            names = service.store.board_names()
+            return self.finish({"joined": self.person.id in names,
+                                "display_name": names.get(self.person.id)})
+        self.redirect(self.url(f"leaderboard/{url_escape(assignment, plus=False)}"
+                               if assignment in service.sources else ""), status=303)
+
+    board_page = Leaderboard.board_page
 
 
 UPLOAD_BODY = MAX_NOTEBOOK_BYTES + SERVICE_FORM_OVERHEAD  # the largest upload body read
@@ -460,6 +515,7 @@ def routes(prefix: str = "/"):
             (at + r"submit", Submit), (at + r"submissions/([\w-]+?)(\.json)?", Feedback),
             (at + r"submissions/([\w-]+)/notebook", Notebook),
             (at + r"instructor", Instructor), (at + r"instructor/grades\.csv", GradesCsv),
-            (at + r"instructor/regrade", Regrade)]
+            (at + r"instructor/regrade", Regrade), (at + r"leaderboard", BoardName),
+            (at + r"leaderboard/([^/]+?)(\.json)?", Leaderboard)]
 
 

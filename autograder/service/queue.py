@@ -34,6 +34,7 @@ from typing import Callable, Dict, List, Optional
 from autograder.feedback import shown_tests
 from autograder.layout import Course, SourceNotebook, Submission
 from autograder.options import SERVICE_ERROR_BACKOFF, SERVICE_POLL, GradeOptions, ServiceLimits
+from autograder.service.board import measured_speeds
 from autograder.service.config import Rules
 from autograder.service.db import DONE, Row, Store
 
@@ -237,12 +238,14 @@ class Graders:
         line["score"] = f"{result.score - penalty:g}"
         if self.gradebook:
             self._record(row, result, penalty)
+        shown = gradescope(result)  # what results.json holds
         self.store.finish(row.id, status=result.status, score=result.score,
                           max_score=result.max_score, penalty=penalty,
                           message=result.message, seconds=result.seconds,
                           phases=json.dumps(result.phases),
                           csv_row=json.dumps(line), results=str(results),
-                          tests=json.dumps(shown_tests(gradescope(result))),
+                          tests=json.dumps(shown_tests(shown)),
+                          speeds=json.dumps(measured_speeds(shown)),
                           executed=str(executed) if executed else None)
         self._changed(row.id)
         try:
@@ -277,7 +280,8 @@ class Graders:
         from autograder.pipeline.report import csv_row
         result = SubmissionResult(self.submission(row), ERROR, message)
         self.store.finish(row.id, status=ERROR, score=0.0, max_score=0.0, penalty=0.0,
-                          message=message, seconds=0.0, csv_row=json.dumps(csv_row(result)))
+                          message=message, seconds=0.0, csv_row=json.dumps(csv_row(result)),
+                          speeds=None)  # (a regrade that failed: on no board meanwhile)
         self._changed(row.id)
 
     def _record(self, row: Row, result, penalty: float) -> None:
