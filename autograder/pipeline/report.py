@@ -22,6 +22,7 @@ import nbformat
 
 from autograder.pipeline.result import STATUSES, SubmissionResult
 from autograder.pipeline.judge import FAILED, NOT_RUN, PARTIAL, PASSED, SKIPPED
+from autograder.pipeline.speed import ranked_speedup
 
 CSV_COLUMNS = ("student_id", "assignment", "notebook", "score", "max_score", "status",
                "message", "tests_passed", "tests_failed", "tests_skipped", "skipped_points",
@@ -109,10 +110,10 @@ def gradescope(result: SubmissionResult) -> dict:
 
 def leaderboard(result: SubmissionResult) -> List[dict]:
     """Gradescope's leaderboard entries: each speed test's measured speedup (higher is
-    better), on the device it ran on."""
+    better), on the device it ran on; none for a speedup the machine could not verify."""
     return [{"name": f"{test.grade_id} speedup ({test.speed['device']})",
-             "value": round(test.speed["speedup"], 3), "order": "desc"}
-            for test in result.tests if test.speed and "speedup" in test.speed]
+             "value": round(ranked_speedup(test.speed), 3), "order": "desc"}
+            for test in result.tests if ranked_speedup(test.speed) is not None]
 
 
 def submission_dir(out: Path, result: SubmissionResult) -> Path:

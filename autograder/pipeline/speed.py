@@ -261,3 +261,18 @@ def points_for(speedup: float, schedule: Tuple[float, float], points: float,
     if fraction < 1.0 and step > 0:
         earned = math.floor(earned / step + 1e-9) * step
     return round(min(earned, points), 6)
+
+
+def timed_to_the_end(speed) -> bool:
+    """Whether a speed test's measurement (``extra_data``'s ``speed``) has a speedup: it was
+    timed to the end, with no ``problem`` and no ``setup`` failure."""
+    return (isinstance(speed, dict) and "speedup" in speed and not speed.get("problem")
+            and not speed.get("setup"))
+
+
+def ranked_speedup(speed) -> Optional[float]:
+    """The speedup a leaderboard may show: one timed to the end on a machine that could
+    verify it (else None)."""
+    if not timed_to_the_end(speed) or not speed.get("verified"):
+        return None
+    return float(speed["speedup"])
