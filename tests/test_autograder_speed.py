@@ -44,6 +44,9 @@ def test_a_declaration_is_read_from_the_cell():
     assert test.points == {"cpu": (1.5, 4.0)} and test.seconds == 2.0
     assert test.rounds >= 2 and test.precision == 0.05
     assert SpeedTest.from_dict(test.to_dict()) == test
+    assert test.check == ""  # the baseline's outputs are the expected ones
+    checked = declaration(DECLARED.replace('"seconds": 2', '"seconds": 2, "check": "slow"'))
+    assert checked.check == "slow" and SpeedTest.from_dict(checked.to_dict()) == checked
     assert declaration("assert f(1) == 2") is None
 
 
@@ -78,6 +81,8 @@ def re_escape(text: str) -> str:
     (DECLARED + "\nSPEED_TEST = {}", "assigned 2 times"),
     (DECLARED.replace('"seconds": 2', '"seconds": -2'), "positive number"),
     (DECLARED.replace('"seconds": 2', '"rounds": 0'), "positive integer"),
+    (DECLARED.replace('"seconds": 2', '"seconds": 2, "check": "exact"'), "not defined in the cell"),
+    (DECLARED.replace('"seconds": 2', '"seconds": 2, "check": 3'), "must name a function"),
 ])
 def test_every_malformed_declaration_says_what_is_wrong(source, says):
     with pytest.raises(DeclarationError, match=re_escape(says)):

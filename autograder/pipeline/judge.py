@@ -121,6 +121,14 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.3g} ms" if seconds < 1 else f"{seconds:.3g} s"
 
 
+def _calls(timed: dict) -> str:
+    """The calls per round, as the feedback says them."""
+    mine, theirs = timed["calls"], timed.get("baseline_calls", timed["calls"])
+    if mine == theirs:
+        return f"{mine} call(s) each"
+    return f"{mine} call(s) of yours and {theirs} of the baseline"
+
+
 def _clock_words(timed: dict) -> str:
     """What the times are, as the feedback says it."""
     what = ("CPU time, each kernel's processes counted together" if timed.get("clock") == "cpu"
@@ -145,7 +153,7 @@ def speed_verdict(test: TestCell, timed: Optional[dict]) -> Tuple[float, str, st
     earned = points_for(speedup, (low, high), test.points, test.speed.step)
     lines = [f"{speedup:.2f} times as fast as the baseline on the {device.upper()} "
              f"(95 % interval {timed['low']:.2f} to {timed['high']:.2f}, "
-             f"{timed['rounds']} rounds of {timed['calls']} call(s) each): "
+             f"{timed['rounds']} rounds of {_calls(timed)}): "
              f"{_ms(timed['candidate_seconds'])} per call, the baseline "
              f"{_ms(timed['baseline_seconds'])} (medians of {_clock_words(timed)}).",
              f"Points: none at {low:g} times or less, all {test.points:g} at {high:g} times "

@@ -38,6 +38,7 @@ from autograder.pipeline.checks import parse
 DECLARATION = "SPEED_TEST"
 DEVICES = ("cpu", "cuda")
 REQUIRED = ("candidate", "baseline", "inputs", "points")
+NAMES = ("check",)  # optional: a function of the cell that gives the expected outputs
 DEFAULTS = {
     "rtol": 1e-5,       # torch.testing.assert_close's tolerances for float32
     "atol": 1e-6,
@@ -45,8 +46,8 @@ DEFAULTS = {
     "rounds": 5,        # at least this many timed rounds of each function
     "max_rounds": 60,
     "precision": 0.05,  # stop once the speedup's 95 % interval is within +-5 %
-    "round_seconds": 0.05,  # each round's calls take about this long at least (a request's
-    #                         few milliseconds of messaging stay small beside them)
+    "round_seconds": 0.1,   # each round's calls take about this long at least (a request's
+    #                         millisecond or two of messaging stays small beside them)
     "max_calls": 64,    # calls per round at most (each keeps its inputs and output)
     "step": 1.0,        # points are awarded in steps of this many (stable under noise)
 }
@@ -75,10 +76,11 @@ class SpeedTest:
     round_seconds: float = DEFAULTS["round_seconds"]
     max_calls: int = DEFAULTS["max_calls"]
     step: float = DEFAULTS["step"]
+    check: str = ""  # a function giving the expected outputs ("": the baseline's)
     clean_source: str = ""  # what the clean kernel runs (see clean_source())
 
     def to_dict(self) -> dict:
-        return {**{k: getattr(self, k) for k in (*REQUIRED, *NUMBERS, *COUNTS)},
+        return {**{k: getattr(self, k) for k in (*REQUIRED, *NAMES, *NUMBERS, *COUNTS)},
                 "points": {d: list(p) for d, p in self.points.items()}}
 
     @classmethod
@@ -108,7 +110,7 @@ def declaration(source: str) -> Optional[SpeedTest]:
     if not isinstance(data, dict):
         raise DeclarationError(f"{DECLARATION} must be a dict, not {type(data).__name__}")
     missing = [k for k in REQUIRED if k not in data]
-    unknown = sorted(set(data) - set(REQUIRED) - set(DEFAULTS))
+    unknown = sorted(set(data) - set(REQUIRED) - set(DEFAULTS) - set(NAMES))
     if missing or unknown:
         raise DeclarationError(f"{DECLARATION}: " + "; ".join(
             ([f"missing {', '.join(missing)}"] if missing else [])
@@ -117,10 +119,11 @@ def declaration(source: str) -> Optional[SpeedTest]:
                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
     defined |= {t.id for node in tree.body if isinstance(node, ast.Assign)
                 for t in node.targets if isinstance(t, ast.Name)}
-    for key in ("candidate", "baseline", "inputs"):
+    named = [key for key in ("candidate", "baseline", "inputs", *NAMES) if key in data]
+    for key in named:
         if not isinstance(data[key], str) or not data[key].isidentifier():
             raise DeclarationError(f"{DECLARATION}[{key!r}] must name a function")
-    for key in ("baseline", "inputs"):
+    for key in named[1:]:
         if data[key] not in defined:
             raise DeclarationError(f"{DECLARATION}[{key!r}]: {data[key]!r} is not defined in the "
                              "cell (it must be self-contained)")
@@ -148,7 +151,8 @@ def declaration(source: str) -> Optional[SpeedTest]:
                 raise DeclarationError(f"{DECLARATION}[{key!r}] must be a positive integer")
             options[key] = data[key]
     test = SpeedTest(candidate=data["candidate"], baseline=data["baseline"],
-                     inputs=data["inputs"], points=schedule, **options)
+                     inputs=data["inputs"], points=schedule, check=data.get("check", ""),
+                     **options)
     if test.max_rounds < test.rounds:
         raise DeclarationError(f"{DECLARATION}: max_rounds is below rounds")
     return test

@@ -211,16 +211,17 @@ def _evidence(function: str) -> str:
     return f"__import__({EVIDENCE_MODULE!r}, fromlist=[{function!r}]).{function}"
 
 
-def _timed_code(function: str, device: str, test: SpeedTest, seeds: List[int],
+def _calls_code(function: str, device: str, test: SpeedTest, seeds: List[int],
                 outputs: Path, inputs: Optional[Path]) -> str:
-    """The timed request: the inputs (on a CPU, mapped from the file the clean kernel wrote;
-    on CUDA, drawn on the device: microseconds either way), the calls, then every output's
-    bytes written to ``outputs`` (from the device: the copy waits for its work)."""
+    """Calls of ``function`` on the first ``len(seeds)`` inputs of the round (on a CPU, mapped
+    from the file the clean kernel wrote; on CUDA, drawn on the device: microseconds either
+    way), then every output's bytes written to ``outputs`` (from the device: the copy waits
+    for its work). Timed, except for the expected outputs of a ``check`` function."""
     if device == "cuda":
         arguments = _draw(test, seeds)
     else:
         arguments = f"__autograder_args = {_evidence('load_inputs')}({str(inputs)!r})"
-    call = f"__autograder_outs = [{function}(*a) for a in __autograder_args]"
+    call = f"__autograder_outs = [{function}(*a) for a in __autograder_args[:{len(seeds)}]]"
     dump = f"{_evidence('dump_outputs')}(__autograder_outs, {str(outputs)!r})"
     return f"{arguments}\n{call}\n{dump}"
 
@@ -303,7 +304,7 @@ async def _turn(kernel: TimedKernel, test: SpeedTest, function: str, seeds: List
         if not before.ok:
             raise fail(f"clearing the cache failed: {before.error}")
     outputs = kernel.exchange / f"outputs-{number}.bin"
-    timed = await kernel.request(_timed_code(function, device, test, seeds, outputs, inputs))
+    timed = await kernel.request(_calls_code(function, device, test, seeds, outputs, inputs))
     if not timed.ok:
         raise fail(f"{'the baseline' if who == 'clean' else function} failed: {timed.error}")
     spent = timed.cpu if measured_by == "cpu" else timed.wall
@@ -318,13 +319,25 @@ def clock(device: str, *kernels: TimedKernel) -> str:
     return "cpu" if device != "cuda" and all(k.watched for k in kernels) else "wall"
 
 
-async def _compare(clean: TimedKernel, learner: Turn, own: Turn, test: SpeedTest,
+async def _expected(clean: TimedKernel, test: SpeedTest, device: str, seeds: List[int],
+                    inputs: Optional[Path], number: int) -> Path:
+    """With a ``check`` function: its outputs for every call of the round, computed in the
+    clean kernel, untimed (the baseline is timed on the first calls only)."""
+    expected = clean.exchange / f"expected-{number}.bin"
+    reply = await clean.request(_calls_code(test.check, device, test, seeds, expected, inputs))
+    if not reply.ok:
+        raise SetupProblem(f"the check function failed: {reply.error}")
+    return expected
+
+
+async def _compare(clean: TimedKernel, learner: Turn, expected: Path, test: SpeedTest,
                    number: int) -> None:
-    """The clean kernel compares the learner's outputs with its own, call by call; raise
-    SpeedProblem if they differ (or the learner's file is not what the timed request writes)."""
+    """The clean kernel compares the learner's outputs with the expected ones (its own),
+    call by call; raise SpeedProblem if they differ (or the learner's file is not what the
+    timed request writes)."""
     if not learner.outputs.is_file():
         raise SpeedProblem("the timed calls' outputs were not written (tampering?)")
-    limit = 2 * own.outputs.stat().st_size + 2**20
+    limit = 2 * expected.stat().st_size + 2**20
     if learner.outputs.stat().st_size > limit:
         raise SpeedProblem("the timed calls' outputs were far larger than the baseline's")
     theirs = clean.exchange / f"learner-outputs-{number}.bin"
@@ -332,7 +345,7 @@ async def _compare(clean: TimedKernel, learner: Turn, own: Turn, test: SpeedTest
     try:
         verdict = await clean.request(
             f"__import__({EVIDENCE_MODULE!r}, fromlist=['emit_comparison']).emit_comparison("
-            f"{str(theirs)!r}, {str(own.outputs)!r}, {test.rtol!r}, {test.atol!r})")
+            f"{str(theirs)!r}, {str(expected)!r}, {test.rtol!r}, {test.atol!r})")
     finally:
         theirs.unlink(missing_ok=True)
     if not verdict.ok or len(verdict.reports) != 1:
@@ -361,24 +374,42 @@ async def _inputs(clean: TimedKernel, learner: TimedKernel, test: SpeedTest, see
     return clean.exchange / name, copy
 
 
-WARM_UP = (1, 4)  # the calls of the rounds before the counted ones: from their times, the
-#                   time of one call without the request's own (the slope), hence the calls
-#                   a counted round needs
+WARM_UP = (1, 4)  # the calls of the rounds before the counted ones (the first wakes the code
+#                   up; the time of the second sets the calls a counted round needs)
 SETTLING = 1  # rounds more, uncounted, at those calls: the first round that keeps so many
 #               outputs at once takes new memory from the system (page faults), later ones
 #               reuse it
 UNCOUNTED = len(WARM_UP) + SETTLING
 
 
+def _calls_for(test: SpeedTest, warm_up: Dict[int, float], most: int) -> int:
+    """Calls per counted round, from the last warm-up round's time per call (the request's
+    own time included: an overestimate, so fast functions get the most calls every time, and
+    the time per call measured does not move with a noisy estimate), so that a round's calls
+    take ``round_seconds`` or more."""
+    many = WARM_UP[-1]
+    per_call = max(warm_up[many] / many, 1e-6)
+    return max(1, min(most, math.ceil(test.round_seconds / per_call)))
+
+
 async def _rounds(test: SpeedTest, device: str, seed: int, learner: TimedKernel,
-                  clean: TimedKernel, speedup: Speedup) -> int:
+                  clean: TimedKernel, speedup: Speedup) -> Tuple[int, int]:
     """Time rounds until the speedup is precise enough or the budget is spent; return the
-    calls per counted round. Raises SpeedProblem for a wrong output or untimed work."""
+    calls per counted round of the candidate and of the baseline. Raises SpeedProblem for a
+    wrong output or untimed work.
+
+    Each round draws inputs for the candidate's calls; the baseline is timed on the first of
+    them. With a ``check`` function, the baseline's calls are as many as make its round last
+    ``round_seconds`` (a slow baseline, a Python loop say, need not run 64 times a round) and
+    the check computes the expected outputs of every call; without one, the baseline runs
+    every call and its outputs are the expected ones."""
     budget_end = time.perf_counter() + test.seconds
-    audit, warm_up = Audit(device), {}
+    audit, warm_up = Audit(device), {"learner": {}, "clean": {}}
     calls, number = WARM_UP[0], 0
+    counts = {"learner": calls, "clean": calls}
+    measured_by = clock(device, learner, clean)
     while True:
-        seeds = round_seeds(seed, number, calls)
+        seeds = round_seeds(seed, number, counts["learner"])
         files = {"clean": None, "learner": None}
         if device != "cuda":
             files["clean"], files["learner"] = await _inputs(clean, learner, test, seeds, number)
@@ -386,28 +417,32 @@ async def _rounds(test: SpeedTest, device: str, seed: int, learner: TimedKernel,
         if number % 2:
             order.reverse()
         turns: Dict[str, Turn] = {}
+        expected = None
         try:
             for who, kernel, function in order:
-                turns[who] = await _turn(kernel, test, function, seeds, device, files[who],
-                                         number, who, clock(device, learner, clean))
+                turns[who] = await _turn(kernel, test, function, seeds[:counts[who]], device,
+                                         files[who], number, who, measured_by)
             mine, theirs = turns["learner"], turns["clean"]
-            await _compare(clean, mine, theirs, test, number)
+            expected = (await _expected(clean, test, device, seeds, files["clean"], number)
+                        if test.check else theirs.outputs)
+            await _compare(clean, mine, expected, test, number)
         finally:
-            for path in [*files.values(), *(t.outputs for t in turns.values())]:
+            for path in [*files.values(), expected, *(t.outputs for t in turns.values())]:
                 if path is not None:
                     path.unlink(missing_ok=True)
         if device == "cuda":
-            audit.add([mine.before], [theirs.before], mine.seconds * calls,
+            audit.add([mine.before], [theirs.before], mine.seconds * counts["learner"],
                       counted=number >= UNCOUNTED)
         if number < len(WARM_UP):  # not counted: they set the calls per round
-            warm_up[calls] = mine.seconds * calls
+            for who in warm_up:
+                warm_up[who][counts[who]] = turns[who].seconds * counts[who]
             if number + 1 < len(WARM_UP):
-                calls = WARM_UP[number + 1]
+                counts = dict.fromkeys(counts, WARM_UP[number + 1])
             else:
-                few, many = WARM_UP
-                per_call = max((warm_up[many] - warm_up[few]) / (many - few),
-                               warm_up[many] / many / 10, 1e-6)
-                calls = max(1, min(test.max_calls, math.ceil(test.round_seconds / per_call)))
+                calls = _calls_for(test, warm_up["learner"], test.max_calls)
+                counts = {"learner": calls,
+                          "clean": _calls_for(test, warm_up["clean"], calls) if test.check
+                          else calls}
         elif number >= UNCOUNTED:
             speedup.add(mine.seconds, theirs.seconds)
         number += 1
@@ -423,7 +458,7 @@ async def _rounds(test: SpeedTest, device: str, seed: int, learner: TimedKernel,
         if time.perf_counter() >= budget_end + test.seconds:
             raise SpeedProblem(f"two rounds did not fit in {2 * test.seconds:g} s")
     audit.check_totals()
-    return calls
+    return counts["learner"], counts["clean"]
 
 
 # The timed kernels' threads, whatever --jobs gave each kernel: the speedup then does not
@@ -452,7 +487,7 @@ async def measure(test: SpeedTest, device: str, seed: int, learner: TimedKernel,
     started = time.perf_counter()
     result: Dict[str, object] = {"device": device, "verified": learner.watched}
     clean: Optional[TimedKernel] = None
-    speedup, calls = Speedup(), 0
+    speedup, calls, baseline_calls = Speedup(), 0, 0
     try:
         clean = await start_clean()
         prepared = await clean.request(cell_source)
@@ -468,7 +503,8 @@ async def measure(test: SpeedTest, device: str, seed: int, learner: TimedKernel,
                 result["clock"] = clock(device, learner, clean)
                 await _set_threads(clean, learner)
                 try:
-                    calls = await _rounds(test, device, seed, learner, clean, speedup)
+                    calls, baseline_calls = await _rounds(test, device, seed, learner, clean,
+                                                          speedup)
                 finally:  # briefly: a kernel stuck in the learner's code stays stuck
                     await learner.request(RESTORE_THREADS, timeout=5.0)
     except SpeedProblem as problem:
@@ -483,7 +519,8 @@ async def measure(test: SpeedTest, device: str, seed: int, learner: TimedKernel,
         low, centre, high = speedup.interval()
         candidate_s, baseline_s = speedup.seconds()
         result.update(speedup=centre, low=low, high=high, rounds=speedup.rounds,
-                      calls=calls, candidate_seconds=candidate_s, baseline_seconds=baseline_s,
+                      calls=calls, baseline_calls=baseline_calls,
+                      candidate_seconds=candidate_s, baseline_seconds=baseline_s,
                       precise=speedup.precise(test.precision),
                       per_round=[[round(c, 7), round(b, 7)] for c, b in speedup.pairs])
     result["seconds"] = round(time.perf_counter() - started, 3)
