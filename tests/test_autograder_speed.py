@@ -1,8 +1,8 @@
 """Speed tests: the arithmetic (autograder.pipeline.speed), the comparison and audits of the
 timing (autograder.pipeline.timing), and, end to end, a small course whose one test is a
 speed test (tests/autograder_fixtures/speed_course), graded with ``python -m autograder grade``:
-honest answers get the points their speed earns, and every way of forging the timing we know
-of gets none, with a message that says why.
+a malformed declaration stops the grading, and on a GPU the test is timed there. The real
+assignment's speed test against every trick we know of is tests/test_autograder_hostile_speed.py.
 """
 from __future__ import annotations
 
@@ -239,113 +239,12 @@ def test_each_call_of_each_round_has_its_own_seed():
 # ---------------------------------------------------------------------------------------------
 # End to end: the fixture course graded as an instructor would
 
-FAST = "def row_softmax(x):\n    return torch.softmax(x, dim=1)"
-# Every way we know of to make the timing say more than the code does, with the points it must
-# get (of 4) and what the feedback must say.
-CORPUS = {
-    "fast": (FAST, 4, "times as fast as the baseline"),
-    "calls the baseline": (  # once the test cell has defined it
-        "def row_softmax(x):\n"
-        "    baseline = globals().get('slow_softmax')\n"
-        "    return baseline(x) if baseline else torch.softmax(x, dim=1)", 0,
-        "times as fast as the baseline"),
-    "wrong on large inputs": (
-        "def row_softmax(x):\n    return torch.softmax(x, dim=0 if x.shape[0] > 10 else 1)", 0,
-        "wrong result"),
-    "caches its last result": (
-        "_last = {}\n"
-        "def row_softmax(x):\n"
-        "    if x.shape not in _last:\n"
-        "        _last[x.shape] = torch.softmax(x, dim=1)\n"
-        "    return _last[x.shape]", 0, "wrong result"),
-    # A hooked random generator that would compute the answers while the inputs are drawn,
-    # the slow loop otherwise: the inputs are drawn in the clean kernel, so it gains nothing.
-    "computes while the inputs are drawn": (
-        "_stash, _randn = {}, torch.randn\n"
-        "def _drawing(*a, **k):\n"
-        "    t = _randn(*a, **k)\n"
-        "    if t.dim() == 2 and t.shape[0] > 10:\n"
-        "        _stash[t.data_ptr()] = torch.softmax(t, dim=1)\n"
-        "    return t\n"
-        "torch.randn = _drawing\n"
-        "def row_softmax(x):\n"
-        "    got = _stash.pop(x.data_ptr(), None)\n"
-        "    if got is not None:\n"
-        "        return got\n"
-        "    return torch.stack([r.exp() / r.exp().sum() for r in x - x.max(dim=1, keepdim=True).values])",
-        0, "times as fast as the baseline"),
-    # The same with the loader of the inputs, which runs at the start of the timed request: the
-    # slow loop done there, so that the function itself returns at once, is timed all the same.
-    "computes while the inputs are mapped": (
-        "import sys\n"
-        "_evidence = sys.modules['autograder.kernel.evidence']\n"
-        "_load, _stash = _evidence.load_inputs, {}\n"
-        "def _slow(x):\n"
-        "    return torch.stack([r.exp() / r.exp().sum() for r in x - x.max(dim=1, keepdim=True).values])\n"
-        "def _loading(path):\n"
-        "    calls = _load(path)\n"
-        "    for args in calls:\n"
-        "        _stash[args[0].data_ptr()] = _slow(args[0])\n"
-        "    return calls\n"
-        "_evidence.load_inputs = _loading\n"
-        "def row_softmax(x):\n"
-        "    got = _stash.pop(x.data_ptr(), None)\n"
-        "    return got if got is not None else torch.softmax(x, dim=1)",
-        0, "times as fast as the baseline"),
-    "returns before a thread has done the work": (  # its outputs are written unfinished
-        "import queue, threading\n"
-        "_work = queue.Queue()\n"
-        "def _worker():\n"
-        "    while True:\n"
-        "        x, out = _work.get()\n"
-        "        out.copy_(torch.softmax(x, dim=1))\n"
-        "threading.Thread(target=_worker, daemon=True).start()\n"
-        "def row_softmax(x):\n"
-        "    if x.shape[0] <= 10:\n"
-        "        return torch.softmax(x, dim=1)\n"
-        "    out = torch.empty_like(x)\n"
-        "    _work.put((x, out))\n"
-        "    return out", 0, "wrong result"),
-    "returns a lazy tensor": (
-        "class Lazy(torch.Tensor):\n    pass\n"
-        "def row_softmax(x):\n    return torch.softmax(x, dim=1).as_subclass(Lazy)", 0,
-        "not a plain tensor"),
-    "patches the clocks": (  # those a timer in the kernel would read (not the event loop's)
-        "import time\n"
-        "time.perf_counter = lambda: 0.0\ntime.time = lambda: 0.0\n"
-        "time.perf_counter_ns = lambda: 0\n" + FAST, 4, "times as fast as the baseline"),
+# The fixture course's answers for the GPU test (the real assignment's corpus of tricks is in
+# tests/hostile_speed_submissions.py, graded by tests/test_autograder_hostile_speed.py).
+FIXTURE_ANSWERS = {
+    "fast": "def row_softmax(x):\n    return torch.softmax(x, dim=1)",
+    "wrong": "def row_softmax(x):\n    return torch.softmax(x, dim=0 if x.shape[0] > 10 else 1)",
 }
-
-
-@pytest.fixture(scope="module")
-def graded(tmp_path_factory):
-    """The corpus handed in to the fixture course and graded by the README's command."""
-    course = tmp_path_factory.mktemp("speed") / "course"
-    shutil.copytree(COURSE, course)
-    env = dict(os.environ, PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"],
-               PYTHONPATH=str(ROOT))
-    done = subprocess.run([sys.executable, "-m", "nbgrader", "generate_assignment", "speedy",
-                           "--force"], cwd=course, env=env, capture_output=True, text=True,
-                          timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    released = nbformat.read(course / "exercises" / "speedy" / "speedy.ipynb", as_version=4)
-    students = {}
-    for number, (name, (answer, _, _)) in enumerate(CORPUS.items()):
-        nb = nbformat.from_dict(released)
-        for cell in nb.cells:
-            if cell.metadata.get("nbgrader", {}).get("grade_id") == "answer":
-                cell.source = answer
-        student = students[name] = f"learner{number}"
-        folder = course / "submitted" / student / "speedy"
-        folder.mkdir(parents=True)
-        nbformat.write(nb, folder / "speedy.ipynb")
-    done = subprocess.run([sys.executable, "-m", "autograder", "grade", "submitted",
-                           "--assignment", "speedy", "--out", "graded", "--no-progress"],
-                          cwd=course, env=env, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return {name: json.loads((course / "graded" / student / "speedy"
-                              / "speedy.results.json").read_text())
-            for name, student in students.items()}
 
 
 @pytest.mark.integration
@@ -369,26 +268,6 @@ def test_a_malformed_declaration_stops_grade_before_any_submission(tmp_path):
     assert not (course / "graded").exists()
 
 
-@pytest.mark.integration
-@pytest.mark.parametrize("name", list(CORPUS))
-def test_each_submission_gets_the_speed_points_it_must(graded, name):
-    _, points, says = CORPUS[name]
-    result = graded[name]
-    test = result["tests"][0]
-    assert test["score"] == points, f"{test['output']}\n{test['extra_data']}"
-    assert any(said in test["output"] for said in ((says,) if isinstance(says, str) else says))
-    speed = test["extra_data"]["speed"]
-    assert speed["device"] == "cpu" and speed["verified"] is True
-    assert test["visibility"] == "visible"  # the learner sees the measurement now
-    if "speedup" in speed:
-        assert speed["low"] <= speed["speedup"] <= speed["high"]
-        assert speed["candidate_seconds"] > 0 and speed["baseline_seconds"] > 0
-        assert result["leaderboard"] == [{"name": "speed speedup (cpu)",
-                                          "value": round(speed["speedup"], 3), "order": "desc"}]
-    else:
-        assert "leaderboard" not in result
-
-
 @pytest.mark.gpu
 @pytest.mark.integration
 def test_on_cuda_the_speed_test_is_timed_on_the_gpu(tmp_path):
@@ -402,8 +281,7 @@ def test_on_cuda_the_speed_test_is_timed_on_the_gpu(tmp_path):
     subprocess.run([sys.executable, "-m", "nbgrader", "generate_assignment", "speedy", "--force"],
                    cwd=course, env=env, check=True, capture_output=True, timeout=300)
     released = nbformat.read(course / "exercises" / "speedy" / "speedy.ipynb", as_version=4)
-    cases = {"fast": CORPUS["fast"][0], "wrong": CORPUS["wrong on large inputs"][0]}
-    for student, answer in cases.items():
+    for student, answer in FIXTURE_ANSWERS.items():
         nb = nbformat.from_dict(released)
         for cell in nb.cells:
             if cell.metadata.get("nbgrader", {}).get("grade_id") == "answer":
@@ -416,7 +294,7 @@ def test_on_cuda_the_speed_test_is_timed_on_the_gpu(tmp_path):
                           text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     results = {s: json.loads((course / "graded" / s / "speedy" / "speedy.results.json")
-                             .read_text())["tests"][0] for s in cases}
+                             .read_text())["tests"][0] for s in FIXTURE_ANSWERS}
     fast = results["fast"]
     assert fast["extra_data"]["speed"]["device"] == "cuda", fast["output"]
     assert fast["score"] > 0 and "on the CUDA" in fast["output"], fast["output"]
