@@ -13,8 +13,9 @@ seconds each grading took in all (medians).
 
     .venv/bin/python benchmarks/speed_stability.py --gradings 10
 
-The course defaults to the speed test's fixture course (tests/autograder_fixtures/speed_course,
-read as data): its reference answer and a middle one, a chunked loop.
+The assignment is the course's ``fast_attention``: its reference answer (the fused operator)
+and a middle one, the first improvement a learner makes (loops over batch and heads kept),
+as tests/hostile_speed_submissions.py writes them.
 """
 from __future__ import annotations
 
@@ -23,7 +24,6 @@ import json
 import multiprocessing
 import os
 import platform
-import shutil
 import statistics
 import sys
 from collections import Counter
@@ -34,16 +34,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from grading_throughput import (ROOT, add_keep_option, cpu_name, report_problems, run,  # noqa: E402
                                 scratch_folder)
 
-COURSE = ROOT / "tests" / "autograder_fixtures" / "speed_course"
-ANSWERS = {
-    "reference": "def row_softmax(x):\n    return torch.softmax(x, dim=1)",
-    "middle": ("def row_softmax(x):\n"
-               "    e = torch.exp(x - x.max(dim=1, keepdim=True).values)\n"
-               "    out = torch.empty_like(x)\n"
-               "    for i in range(0, x.shape[0], 16):\n"
-               "        out[i:i + 16] = e[i:i + 16] / e[i:i + 16].sum(dim=1, keepdim=True)\n"
-               "    return out"),
-}
+ASSIGNMENT = "fast_attention"
+
+
+def answers() -> dict:
+    sys.path.insert(0, str(ROOT))
+    from tests.hostile_speed_submissions import FUSED, HEADS_LOOP
+    return {"reference": FUSED, "middle": HEADS_LOOP}
 
 
 def _busy() -> None:
@@ -65,19 +62,13 @@ def load(processes: int):
             worker.join()
 
 
-def hand_in(course: Path, assignment: str, answer: str, copies: int, tag: str) -> list:
-    import nbformat
-    released = nbformat.read(course / "exercises" / assignment / f"{assignment}.ipynb",
-                             as_version=4)
-    nb = nbformat.from_dict(released)
-    for cell in nb.cells:
-        if cell.metadata.get("nbgrader", {}).get("solution"):
-            cell.source = answer
+def hand_in(submitted: Path, answer: str, copies: int, tag: str) -> list:
+    """``copies`` of the release with ``answer`` typed in (the same bytes each time, so the
+    same TEST_SEED: the same file graded again), under new student ids."""
+    from coursebook.cases import hand_in as write, submission
+    notebook = submission(ASSIGNMENT, {"attention_answer": answer})
     students = [f"{tag}-{n:02d}" for n in range(copies)]
-    for who in students:
-        folder = course / f"submitted-{tag}" / who / assignment
-        folder.mkdir(parents=True)
-        nbformat.write(nb, folder / f"{assignment}.ipynb")  # the same bytes every time
+    write(submitted, ASSIGNMENT, {who: notebook for who in students})
     return students
 
 
@@ -110,32 +101,26 @@ def main(argv=None) -> int:
     parser.add_argument("--gradings", type=int, default=10, help="copies per run (default 10)")
     parser.add_argument("--load", type=int, default=os.cpu_count() or 2,
                         help="busy processes for the loaded run (default: one per core)")
-    parser.add_argument("--course", type=Path, default=COURSE)
-    parser.add_argument("--assignment", default="speedy")
     add_keep_option(parser)
     args = parser.parse_args(argv)
     problems = []
     with scratch_folder(args.keep, "speed-stability-") as base:
-        course = base / "course"
-        shutil.copytree(args.course, course)
-        run([sys.executable, "-m", "nbgrader", "generate_assignment", args.assignment,
-             "--force"], course, "nbgrader generate_assignment")
         print(f"{args.gradings} gradings of the same file per run, on {os.cpu_count()} cores "
               f"({cpu_name()}), Python {platform.python_version()}", flush=True)
         lines = ["| answer | jobs | busy processes | gradings | timed on CPU | "
                  "points (of the cell's) | speedup min / median / max (spread) | "
                  "rounds (median) | speed test s | grading s |",
                  "|---|---|---|---|---|---|---|---|---|---|"]
-        for name, answer in ANSWERS.items():
+        for name, answer in answers().items():
             for jobs, busy in ((1, 0), (2, 0), (2, args.load)):
                 tag = f"{name}-{jobs}-{busy}"
-                students = hand_in(course, args.assignment, answer, args.gradings, tag)
-                out = course / f"graded-{tag}"
+                students = hand_in(base / f"submitted-{tag}", answer, args.gradings, tag)
+                out = base / f"graded-{tag}"
                 with load(busy):
-                    run([sys.executable, "-m", "autograder", "grade", f"submitted-{tag}",
-                         "--assignment", args.assignment, "--out", str(out), "--jobs", str(jobs),
-                         "--no-progress"], course, f"grading {tag}")
-                graded = [speed_of(out, who, args.assignment) for who in students]
+                    run([sys.executable, "-m", "autograder", "grade", str(base / f"submitted-{tag}"),
+                         "--assignment", ASSIGNMENT, "--out", str(out), "--jobs", str(jobs),
+                         "--no-progress"], ROOT, f"grading {tag}")
+                graded = [speed_of(out, who, ASSIGNMENT) for who in students]
                 problems += [f"{tag} {who}: {s.get('problem') or s.get('setup')}"
                              for who, (_, s, _) in zip(students, graded)
                              if s.get("problem") or s.get("setup")]
