@@ -19,11 +19,19 @@ ROOT = Path(__file__).resolve().parent.parent
 SOLUTIONS = ROOT / "solutions"
 EXERCISES = ROOT / "exercises"
 WRONG_SUBMISSIONS = ROOT / "tests" / "wrong_submissions"
+SPEED_ANSWERS = ROOT / "tests" / "speed_answers"
 
 # assignment -> its notebook's name, as the course's manifest lists them (assignments/assignments.toml;
 # tests/test_assignments.py checks that solutions/ holds exactly these)
 ASSIGNMENTS = notebooks(ROOT)
 WRONG = sorted(WRONG_SUBMISSIONS.glob("*/*.toml"))
+# Assignments with a speed test: each grading of one times it for seconds, so the tests whose
+# subject is not speed (the accident corpus, the reruns at other parallelism) leave them out,
+# and the course run hands their reference in fewer times (tests/course_run.py).
+SPEED_TESTED = {assignment for assignment in ASSIGNMENTS
+                if (SOLUTIONS / assignment / f"{ASSIGNMENTS[assignment]}.ipynb").is_file()
+                and "SPEED_TEST = {" in (SOLUTIONS / assignment
+                                         / f"{ASSIGNMENTS[assignment]}.ipynb").read_text()}
 
 HIDDEN = re.compile(r"^[ \t]*### BEGIN HIDDEN TESTS.*?### END HIDDEN TESTS[ \t]*\n?",
                     re.DOTALL | re.MULTILINE)
@@ -53,6 +61,12 @@ def solution_notebook(assignment: str):
 
 def release_notebook(assignment: str):
     return nbformat.read(EXERCISES / assignment / f"{ASSIGNMENTS[assignment]}.ipynb", as_version=4)
+
+
+def speed_answers(assignment: str) -> dict:
+    """name -> answer code of the honest answers at known speeds (tests/speed_answers)."""
+    with open(SPEED_ANSWERS / f"{assignment}.toml", "rb") as f:
+        return {name: code.strip("\n") for name, code in tomllib.load(f).items()}
 
 
 def load_wrong(path: Path) -> dict:

@@ -24,13 +24,20 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import nbformat
 
-from coursebook.cases import (ASSIGNMENTS, ROOT, SOLUTIONS, hand_in, solution_notebook,
-                               submission, wrong_submissions)
+from coursebook.cases import (ASSIGNMENTS, ROOT, SOLUTIONS, SPEED_TESTED, hand_in,
+                               solution_notebook, submission, wrong_submissions)
 
 REFERENCE_COPIES = 8  # reference answers handed in this many times (grades must not vary)
+SPEED_TESTED_COPIES = 2  # fewer where each grading times a speed test for seconds (the
+#                          speed test's own stability: tests/test_autograder_hostile_speed.py)
+
+
+def reference_copies(assignment: str) -> int:
+    return SPEED_TESTED_COPIES if assignment in SPEED_TESTED else REFERENCE_COPIES
 
 
 def reference(n: int) -> str:
@@ -82,8 +89,9 @@ class CourseRun:
 
 
 def cases(assignment: str, released: nbformat.NotebookNode,
-          copies: int = REFERENCE_COPIES) -> dict:
+          copies: Optional[int] = None) -> dict:
     """student -> notebook handed in, for one assignment (see the module's docstring)."""
+    copies = reference_copies(assignment) if copies is None else copies
     handed = {"solution": solution_notebook(assignment), "unedited": released}
     handed.update((reference(n), submission(assignment, {})) for n in range(copies))
     handed.update(wrong_submissions(assignment))
