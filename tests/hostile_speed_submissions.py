@@ -35,7 +35,7 @@ class SpeedCase:
 
 
 CASES = [
-    SpeedCase("fused", FUSED, 4, "times as fast as the baseline", copies=2),
+    SpeedCase("fused", FUSED, 4, "times as fast as the baseline"),
     SpeedCase("heads loop", HEADS_LOOP, 2, "times as fast as the baseline", copies=3),
     SpeedCase("calls the baseline",
               "def causal_attention(q, k, v):\n    return slow_causal_attention(q, k, v)",
