@@ -119,6 +119,12 @@ def emit(namespace: dict, names) -> None:
 _json_loads = json.loads
 
 
+def _raw_bytes(tensor, torch) -> bytes:
+    """A tensor's elements as bytes, in order, copied from the device if it is on one."""
+    flat = tensor.detach().reshape(-1).contiguous().cpu()
+    return flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
+
+
 def _parts(value, torch) -> list:
     """One call's output as a list of tensors (a tuple or list item by item, a number as a
     0-d tensor); anything else as None, which matches nothing."""
@@ -142,10 +148,9 @@ def dump_outputs(outputs, path: str) -> None:
                 if part is None:
                     header, data = b'{"opaque": true}', b""
                 else:
-                    flat = part.detach().reshape(-1).contiguous().cpu()
                     header = _dumps({"dtype": _str(part.dtype).replace("torch.", ""),
                                      "shape": [int(n) for n in part.shape]}).encode()
-                    data = flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
+                    data = _raw_bytes(part, torch)
                 out.write(_len(header).to_bytes(4, "little"))
                 out.write(header)
                 out.write(_len(data).to_bytes(8, "little"))
@@ -173,8 +178,7 @@ def dump_inputs(calls, path: str) -> None:
             if kind is not torch.Tensor:
                 raise TypeError(f"a speed test's inputs must be tensors or numbers, not "
                                 f"{kind.__name__}")
-            flat = arg.detach().reshape(-1).contiguous().cpu()
-            data = flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
+            data = _raw_bytes(arg, torch)
             offset += -offset % _INPUT_ALIGN
             described.append({"dtype": _str(arg.dtype).replace("torch.", ""),
                               "shape": [int(n) for n in arg.shape], "offset": offset,

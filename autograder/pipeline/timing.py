@@ -15,17 +15,19 @@ Each round draws fresh inputs from new seeds (no output can be reused) and times
 calls of the candidate in the learner's kernel and of the baseline in a *clean kernel* (the
 same sandbox and cgroup limits, a fresh working directory, only the speed test's own code run
 in it), one after the other, in alternating order. On a CPU the clean kernel draws the inputs
-into a file, and each kernel maps its own copy of it at the start of its timed request (one header parsed and a view per
-tensor; the pages are read when the calls first touch them): a hooked random generator in the
-learner's kernel never sees the inputs drawn, and a hooked loader works inside the timed
-request, so no request of the learner's kernel but the timed one runs while inputs are known.
-On CUDA an untimed request first clears the L2 cache (writing more memory than it holds; its
-time is audited against the clean kernel's, see ``Audit``) and the inputs are drawn inside the
-timed request (a GPU draws them in microseconds). Every timed request ends by writing all its
-outputs' bytes to a file (from the device: the copy waits for the device's work), so an output computed lazily is computed inside
-the timed request; the clean kernel compares the learner's file with its own, every element of
-every call, within the test's tolerances. A thread or process left computing after the reply
-leaves the written outputs wrong, and is frozen with the kernel while the clean kernel runs.
+into a file, and each kernel maps its own copy of it at the start of its timed request (one
+header parsed and a view per tensor; the pages are read when the calls first touch them): a
+hooked random generator in the learner's kernel never sees the inputs drawn, and a hooked
+loader works inside the timed request, so no request of the learner's kernel but the timed one
+runs while inputs are known. On CUDA an untimed request first clears the L2 cache (writing more
+memory than it holds; its time is audited against the clean kernel's, see ``Audit``) and the
+inputs are drawn inside the timed request (a GPU draws them in microseconds). Every timed
+request ends by writing all its outputs' bytes to a file (from the device: the copy waits for
+the device's work), so an output computed lazily is computed inside the timed request; the
+clean kernel compares the learner's file with the expected outputs (its own, or its ``check``
+function's), every element of every call, within the test's tolerances. A thread or process
+left computing after the reply leaves the written outputs wrong, and is frozen with the kernel
+while the clean kernel runs.
 (CPU time used just after the reply tells nothing: OpenMP's threads spin for a while after a
 parallel operation, in every kernel.)
 
@@ -56,12 +58,13 @@ from autograder.sandbox.cgroups import ResourceGroup
 from autograder.sandbox.cpus import TimingCpus
 
 # On CUDA, the learner's untimed request before the timed one (clearing the L2 cache) against
-# the clean kernel's same request (CPU time and wall time). One round is refused if they took more than its timed calls, half the clean
-# kernel's time and 10 ms besides (a blatant move of work); over the counted rounds, the extra
-# per round beyond 15 % of the timed calls and half the clean kernel's own (two kernels differ
-# a little, steadily: a learner's kernel has more in it) must not be positive with 99.9 % confidence (a
-# one-sided paired t-test: honest rounds scatter both ways, moved work shifts them all); while
-# the test leans that way without being sure, timing goes on.
+# the clean kernel's same request (CPU time and wall time). One round is refused if they took
+# more than its timed calls, half the clean kernel's time and 10 ms besides (a blatant move of
+# work); over the counted rounds, the extra per round beyond 15 % of the timed calls and half
+# the clean kernel's own (two kernels differ a little, steadily: a learner's kernel has more in
+# it) must not be positive with 99.9 % confidence (a one-sided paired t-test: honest rounds
+# scatter both ways, moved work shifts them all); while the test leans that way without being
+# sure, timing goes on.
 ROUND_SLACK, CLEAN_SHARE, TIMED_SHARE = 0.010, 0.5, 0.15
 SUSPICIOUS = 2.0  # a t statistic above this keeps the rounds going (within the budget)
 # Every output of a round is compared with the clean kernel's, after the learner's kernel wrote

@@ -101,19 +101,14 @@ def course_assignments(course: Course) -> List[str]:
 
 def speed_tests(sources: Dict[str, SourceNotebook]) -> List[tuple]:
     """(notebook, test cell id) of each speed test the assignment's notebooks declare."""
-    from autograder.pipeline.speed import DeclarationError, declaration
+    from autograder.pipeline.rebuild import speed_tests_of
+    from autograder.pipeline.speed import DeclarationError
     found = []
     for name, source in sorted(sources.items()):
-        for cell in source.notebook.cells:
-            meta = cell.get("metadata", {}).get("nbgrader", {})
-            if cell.cell_type != "code" or not meta.get("grade") or "SPEED_TEST" not in \
-                    cell.source:
-                continue
-            try:
-                if declaration(cell.source) is not None:
-                    found.append((name, meta.get("grade_id", "")))
-            except DeclarationError:
-                continue  # the grader says what is wrong with it, at each grading
+        try:
+            found += [(name, grade_id) for grade_id in speed_tests_of(source.notebook)]
+        except DeclarationError:
+            continue  # the grader says what is wrong with it, at each grading
     return found
 
 

@@ -18,7 +18,7 @@ import re
 import unicodedata
 from typing import Dict, Iterable, List, Optional
 
-from autograder.pipeline.speed import timed_to_the_end
+from autograder.pipeline.speed import ranked_speedup, timed_to_the_end
 
 NAME_MAX = 32  # characters of a display name
 # A display name is text: nothing that reads as a tag, a comment or a doctype opening
@@ -82,8 +82,8 @@ def ranked(uploads: Iterable[tuple], names: Dict[str, str],
         if student not in names:
             continue
         for speed in speeds:
-            if not speed.get("verified") or "speedup" not in speed:
-                continue
+            if ranked_speedup(speed) is None:
+                continue  # not verified
             key = (notebook, speed["test"], student)
             mine = (speed["speedup"], -(graded or 0.0))
             if key not in best or mine > best[key][0]:
