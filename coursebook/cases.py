@@ -85,6 +85,25 @@ def expected_losses(case: dict, cuda: bool) -> dict:
     return losses
 
 
+def speed_test_ids(assignment: str) -> set:
+    """The grade ids of the assignment's speed tests (test cells that declare SPEED_TEST)."""
+    return {grade_id for grade_id, cell in grade_cells(solution_notebook(assignment)).items()
+            if "SPEED_TEST = {" in cell.source}
+
+
+def unjudged(case: dict) -> set:
+    """The tests whose points a wrong submission's case does not fix: its assignment's speed
+    tests that none of its ``loses`` tables names. A wrong answer loses a speed test's points
+    for certain only where its outputs are wrong (the case then names it); where they are
+    right, the points follow its speed, which depends on the machine and the PyTorch version
+    (the fused operator on 3-D inputs, say, runs 2.5 times slower in PyTorch 2.11 than on 4-D
+    ones). The solution's full speed points, and the speeds of honest answers, are tested
+    by tests/test_autograder_hostile_speed.py and benchmarks/speed_stability.py."""
+    named = {grade_id for table in ("loses", "loses_with_gpu", "loses_without_gpu")
+             for grade_id in case.get(table, {})}
+    return speed_test_ids(case["assignment"]) - named
+
+
 def counted(result: dict) -> dict:
     """grade_id -> (score, points) for the tests that count in a grader's results.json."""
     return {t["name"]: (t["score"], t["extra_data"]["points"]) for t in result["tests"]

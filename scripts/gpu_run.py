@@ -242,13 +242,14 @@ def grade_assignments(run: Run, site: Path, device: str) -> dict:
     """Grade each assignment's cases on ``device``; compare with tests/wrong_submissions."""
     import nbformat
     from coursebook.cases import (ASSIGNMENTS, EXERCISES, SOLUTIONS, WRONG, expected_losses,
-                                   hand_in, load_wrong, submission)
+                                   hand_in, load_wrong, submission, unjudged)
 
     started, cases_out = time.monotonic(), []
     work = Path(tempfile.mkdtemp(prefix="gpu-run-grading-"))
     cuda = device == "cuda"
     for assignment, notebook in ASSIGNMENTS.items():
         expected = {"solution": {}, "unedited": None}  # None: every point lost
+        unfixed = {"solution": set(), "unedited": set()}
         cases = {"solution": nbformat.read(SOLUTIONS / assignment / f"{notebook}.ipynb", 4),
                  "unedited": nbformat.read(EXERCISES / assignment / f"{notebook}.ipynb", 4)}
         for path in WRONG:
@@ -256,6 +257,7 @@ def grade_assignments(run: Run, site: Path, device: str) -> dict:
             if case["assignment"] == assignment:
                 cases[case["student"]] = submission(assignment, case["answers"])
                 expected[case["student"]] = expected_losses(case, cuda)
+                unfixed[case["student"]] = unjudged(case)
         submitted, out = work / assignment / "submitted", work / assignment / "out"
         hand_in(submitted, assignment, cases)
         if run.left() < 30:
@@ -267,7 +269,8 @@ def grade_assignments(run: Run, site: Path, device: str) -> dict:
                                    env=environment(site))
         for student, losses in expected.items():
             path = out / student / assignment / f"{notebook}.results.json"
-            cases_out.append(judge_case(assignment, student, losses, path, code, cuda))
+            cases_out.append(judge_case(assignment, student, losses, path, code, cuda,
+                                        unfixed[student]))
     (run.out / "grading.json").write_text(json.dumps({"device": device, "cases": cases_out},
                                                       indent=2) + "\n")
     failed = [c for c in cases_out if c["outcome"] != "as expected"]
@@ -275,8 +278,10 @@ def grade_assignments(run: Run, site: Path, device: str) -> dict:
                     cases=cases_out)
 
 
-def judge_case(assignment: str, student: str, losses, results: Path, code, cuda: bool) -> dict:
-    """Did this case lose exactly the points it should (``losses``; None: all of them)?
+def judge_case(assignment: str, student: str, losses, results: Path, code, cuda: bool,
+               unfixed: set = frozenset()) -> dict:
+    """Did this case lose exactly the points it should (``losses``; None: all of them)? The
+    tests in ``unfixed`` (coursebook.cases.unjudged) are not compared.
 
     As the course's grader does: GPU-only tests (``*_gpu``) run where CUDA is, and are skipped,
     neither scored nor in the maximum, where it is not; no other test may be skipped.
@@ -287,7 +292,8 @@ def judge_case(assignment: str, student: str, losses, results: Path, code, cuda:
     from coursebook.cases import counted, wrongly_skipped
 
     result = json.loads(results.read_text())
-    scores, misskipped = counted(result), wrongly_skipped(result, cuda)
+    scores = {name: s for name, s in counted(result).items() if name not in unfixed}
+    misskipped = wrongly_skipped(result, cuda)
     lost = {name: points - score for name, (score, points) in scores.items() if score != points}
     wanted = ({name: points for name, (_, points) in scores.items()} if losses is None
               else {name: points for name, points in losses.items() if points and name in scores})

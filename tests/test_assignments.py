@@ -27,7 +27,8 @@ from coursebook import assignments as course_assignments
 
 from coursebook.cases import (ASSIGNMENTS, EXERCISES, HIDDEN, ROOT, SOLUTION_BLOCK, SOLUTIONS, WRONG,
                                answer_cells, expected_losses, grade_cells, load_wrong,
-                               nbgrader_meta, release_notebook, solution_notebook, submission)
+                               nbgrader_meta, release_notebook, solution_notebook, submission,
+                               unjudged)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -407,7 +408,8 @@ def test_unedited_release_scores_zero(graded, assignment):
 @pytest.mark.parametrize("path", WRONG, ids=[f"{p.parent.name}/{p.stem}" for p in WRONG])
 def test_wrong_submission_loses_exactly_its_points(graded, path):
     case = load_wrong(path)
-    scores = graded[case["assignment"]][case["student"]]
+    scores = {grade_id: points for grade_id, points in graded[case["assignment"]][case["student"]].items()
+              if grade_id not in unjudged(case)}
     losses = expected_losses(case, torch.cuda.is_available())
     expected = {grade_id: (top - losses.get(grade_id, 0), top) for grade_id, (_, top) in scores.items()}
     assert scores == expected, (
