@@ -1,4 +1,4 @@
-"""Honest accidents and nbgrader's tampering kinds, on each of the course's real assignments.
+"""Honest accidents and nbgrader's tampering kinds, built on any of the course's real assignments.
 
 nbgrader's own tests define the broken and tampered notebooks its ``autograde`` must
 survive (changed grade and locked cells, forged points and checksums, duplicated grade

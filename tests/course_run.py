@@ -5,7 +5,8 @@ Every test that needs the course's grader's verdict on a real case reads it from
 graded once in this mode: ``tests/test_autograder_assignments.py`` (scores against
 tests/wrong_submissions), ``tests/test_journeys.py`` (feedback, export, ``check`` against
 ``grade``) and ``tests/test_autograder_determinism.py`` (the same grades at other
-parallelism). nbgrader's own ``autograde`` grades the same cases in tests/test_assignments.py.
+parallelism). nbgrader's own ``autograde`` grades some of the same cases in
+tests/test_assignments.py.
 
 Students of each assignment:
 

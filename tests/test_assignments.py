@@ -3,8 +3,9 @@
 Fast tests read the notebooks: the release is exactly what `nbgrader generate_assignment` makes of
 the solutions, it holds no solution and no hidden test, and the solution notebooks follow the
 conventions the grading relies on. Integration tests autograde real submissions with nbgrader: the
-solutions get full marks, the unedited release gets zero, and every plausible wrong submission in
-tests/wrong_submissions/ loses exactly the points it lists.
+solutions get full marks, the unedited release gets zero, and the plausible wrong submissions of
+tests/wrong_submissions/ that between them fail every test cell any of them fails (``covering``)
+lose exactly the points they list (every one of them is graded so by the course's grader).
 """
 from __future__ import annotations
 
@@ -305,6 +306,32 @@ def test_wrong_submissions_cover_every_assignment():
 # Integration tests: autograde with nbgrader
 
 
+def covering(paths) -> list:
+    """Wrong submissions among ``paths`` that between them lose points on every test cell that
+    any of them loses on (with or without a GPU), chosen greedily, most new cells first.
+
+    nbgrader's own ``autograde`` grades these, so every hidden test's failing path runs under
+    nbgrader at least once; the exact losses of every wrong submission are the course's
+    grader's test (tests/test_autograder_assignments.py), which runs the same cells. Grading
+    all of them here took half of this file's time (a fresh kernel and PyTorch import each).
+    """
+    def cells(path):
+        case = load_wrong(path)
+        return set(expected_losses(case, False)) | set(expected_losses(case, True))
+    chosen, left = [], set().union(*map(cells, paths)) if paths else set()
+    while left:
+        best = max(paths, key=lambda path: len(cells(path) & left))  # the first of the best
+        chosen.append(best)
+        left -= cells(best)
+    return sorted(chosen)
+
+
+NO_SYNCHRONIZE = ROOT / "tests" / "wrong_submissions" / "benchmark" / "no_synchronize.toml"
+NBGRADED_WRONG = sorted({path for assignment in ASSIGNMENTS
+                         for path in covering([p for p in WRONG if p.parent.name == assignment])}
+                        | {NO_SYNCHRONIZE})  # and the one the GPU test below reads
+
+
 class Graded(dict):
     """{assignment: {student: {grade_id: (score, max_score)}}}, with each course directory."""
 
@@ -315,17 +342,19 @@ class Graded(dict):
 
 @pytest.fixture(scope="session")
 def graded(tmp_path_factory) -> Graded:
-    """Autograde, per assignment, the solution, the unedited release and every wrong submission.
+    """Autograde, per assignment, the solution, the unedited release and the wrong submissions
+    of NBGRADED_WRONG.
 
-    The three assignments are graded at the same time, each in a course directory (and gradebook)
-    of its own. Where nbgrader is not installed (the offline GPU machines: scripts/gpu-run grades
+    The assignments are graded as many at a time as there are cores, each in a course directory
+    (and gradebook) of its own: more at once only waits longer for the CPU, and a kernel that
+    waits a minute to start fails nbgrader's run. Where nbgrader is not installed (the offline GPU machines: scripts/gpu-run grades
     the same cases there with the course's own grader), the tests that need it are skipped.
     """
     pytest.importorskip("nbgrader", reason="nbgrader is not installed here")
     from nbgrader.api import Gradebook
 
     base = tmp_path_factory.mktemp("nbgrader")
-    courses, runs = {}, {}
+    courses = {}
     # Every course's release generated at the same time (each run mostly starts nbgrader).
     with ThreadPoolExecutor(max_workers=len(ASSIGNMENTS)) as pool:
         generated = {assignment: pool.submit(run_nbgrader, new_course(base / assignment),
@@ -338,7 +367,7 @@ def graded(tmp_path_factory) -> Graded:
         students = {"solution": solution_notebook(assignment),
                     "unedited": nbformat.read(course / "exercises" / assignment / f"{notebook}.ipynb",
                                               as_version=4)}
-        for path in WRONG:
+        for path in NBGRADED_WRONG:
             case = load_wrong(path)
             if case["assignment"] == assignment:
                 students[case["student"]] = submission(assignment, case["answers"])
@@ -346,17 +375,16 @@ def graded(tmp_path_factory) -> Graded:
             folder = course / "submitted" / student / assignment
             folder.mkdir(parents=True)
             nbformat.write(nb, folder / f"{notebook}.ipynb")
-        runs[assignment] = subprocess.Popen(
-            [sys.executable, "-m", "nbgrader", "autograde", assignment, "--force"], cwd=course,
-            env=nbgrader_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        runs = {assignment: pool.submit(
+            subprocess.run, [sys.executable, "-m", "nbgrader", "autograde", assignment, "--force"],
+            cwd=courses[assignment], env=nbgrader_env(), stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True, timeout=1800) for assignment in ASSIGNMENTS}
     scores = {}
     for assignment, run in runs.items():
-        try:
-            log, _ = run.communicate(timeout=1800)
-        except subprocess.TimeoutExpired:
-            run.kill()
-            log, _ = run.communicate()
-        assert run.returncode == 0, f"nbgrader autograde {assignment} failed:\n{log[-6000:]}"
+        done = run.result()
+        assert done.returncode == 0, (
+            f"nbgrader autograde {assignment} failed:\n{done.stdout[-6000:]}")
         notebook = ASSIGNMENTS[assignment]
         with Gradebook(f"sqlite:///{courses[assignment] / 'gradebook.db'}") as gradebook:
             scores[assignment] = {
@@ -405,7 +433,8 @@ def test_unedited_release_scores_zero(graded, assignment):
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("path", WRONG, ids=[f"{p.parent.name}/{p.stem}" for p in WRONG])
+@pytest.mark.parametrize("path", NBGRADED_WRONG,
+                         ids=[f"{p.parent.name}/{p.stem}" for p in NBGRADED_WRONG])
 def test_wrong_submission_loses_exactly_its_points(graded, path):
     case = load_wrong(path)
     scores = {grade_id: points for grade_id, points in graded[case["assignment"]][case["student"]].items()
@@ -420,7 +449,7 @@ def test_wrong_submission_loses_exactly_its_points(graded, path):
 @pytest.mark.integration
 @pytest.mark.gpu
 def test_timer_without_synchronize_fails_on_a_gpu(graded):
-    scores = graded["benchmark"]["wrong_no_synchronize"]
+    scores = graded["benchmark"][load_wrong(NO_SYNCHRONIZE)["student"]]
     assert scores["benchmark_gpu"][0] == 0, (
         f"a Benchmark that never synchronizes should fail the GPU test; it scored {scores}")
     assert graded["benchmark"]["solution"]["benchmark_gpu"][0] == 2
