@@ -31,15 +31,15 @@ help:
 setup: $(STAMP)
 
 $(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
-	@echo "==> Setting up the virtual environment in $(VENV) (first time: a few minutes, ~6 GB)"
+	@echo "==> Setting up the virtual environment in $(VENV) (first time: a minute or more, ~6 GB)"
 	@[ -x $(PY) ] || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	@echo "==> Installing requirements.txt"
-	$(PY) -m pip install --quiet -r requirements.txt
+	$(PY) -m pip install --quiet --upgrade pip uv
+	@echo "==> Installing requirements.txt (with uv, given pip's settings: scripts/install.py)"
+	$(PY) scripts/install.py --quiet -r requirements.txt
 	@echo "==> Installing requirements-nodeps.txt without its pins (d2l)"
-	$(PY) -m pip install --quiet --no-deps -r requirements-nodeps.txt
+	$(PY) scripts/install.py --quiet --no-deps -r requirements-nodeps.txt
 	@echo "==> Installing the course's helper package (dlperf) in editable mode"
-	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
+	$(PY) scripts/install.py --quiet --no-deps --no-build-isolation -e .
 	@touch $(STAMP)
 	@echo "==> Environment ready"
 
