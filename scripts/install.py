@@ -53,8 +53,10 @@ def uv_command(args: list, settings: dict) -> tuple:
     if settings.get("timeout") or settings.get("default-timeout"):
         env.setdefault("UV_HTTP_TIMEOUT", str(settings.get("timeout")
                                               or settings["default-timeout"]))
+    # pip takes the best version from all indexes together; uv, by default, only from the first
+    # index that has the package at all.
     return ([sys.executable, "-m", "uv", "pip", "install", "--python", sys.executable,
-             *options, *args], env)
+             "--index-strategy", "unsafe-best-match", *options, *args], env)
 
 
 def main(args: list) -> int:
