@@ -35,7 +35,7 @@ $(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
 	@[ -x $(PY) ] || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip uv
 	@echo "==> Installing requirements.txt (with uv, given pip's settings: scripts/install.py)"
-	$(PY) scripts/install.py --quiet -r requirements.txt
+	$(PY) scripts/install.py --quiet --compile-bytecode -r requirements.txt
 	@echo "==> Installing requirements-nodeps.txt without its pins (d2l)"
 	$(PY) scripts/install.py --quiet --no-deps -r requirements-nodeps.txt
 	@echo "==> Installing the course's helper package (dlperf) in editable mode"
