@@ -25,13 +25,6 @@ SPEED_ANSWERS = ROOT / "tests" / "speed_answers"
 # tests/test_assignments.py checks that solutions/ holds exactly these)
 ASSIGNMENTS = notebooks(ROOT)
 WRONG = sorted(WRONG_SUBMISSIONS.glob("*/*.toml"))
-# Assignments with a speed test: each grading of one times it for seconds, so the tests whose
-# subject is not speed (the accident corpus, the reruns at other parallelism) leave them out,
-# and the course run hands their reference in fewer times (tests/course_run.py).
-SPEED_TESTED = {assignment for assignment in ASSIGNMENTS
-                if (SOLUTIONS / assignment / f"{ASSIGNMENTS[assignment]}.ipynb").is_file()
-                and "SPEED_TEST = {" in (SOLUTIONS / assignment
-                                         / f"{ASSIGNMENTS[assignment]}.ipynb").read_text()}
 
 HIDDEN = re.compile(r"^[ \t]*### BEGIN HIDDEN TESTS.*?### END HIDDEN TESTS[ \t]*\n?",
                     re.DOTALL | re.MULTILINE)
@@ -102,6 +95,14 @@ def unjudged(case: dict) -> set:
     named = {grade_id for table in ("loses", "loses_with_gpu", "loses_without_gpu")
              for grade_id in case.get(table, {})}
     return speed_test_ids(case["assignment"]) - named
+
+
+# Assignments with a speed test: each grading of one times it for seconds, so the tests whose
+# subject is not speed (the accident corpus, the reruns at other parallelism) leave them out,
+# and the course run hands their reference in fewer times (tests/course_run.py).
+SPEED_TESTED = {assignment for assignment in ASSIGNMENTS
+                if (SOLUTIONS / assignment / f"{ASSIGNMENTS[assignment]}.ipynb").is_file()
+                and speed_test_ids(assignment)}
 
 
 def counted(result: dict) -> dict:

@@ -27,6 +27,7 @@ from autograder.pipeline.checks import SEED_NAME, bound_names, setup_names, spli
 from coursebook import assignments as course_assignments
 
 from coursebook.cases import (ASSIGNMENTS, EXERCISES, HIDDEN, ROOT, SOLUTION_BLOCK, SOLUTIONS, WRONG,
+                               WRONG_SUBMISSIONS,
                                answer_cells, expected_losses, grade_cells, load_wrong,
                                nbgrader_meta, release_notebook, solution_notebook, submission,
                                unjudged)
@@ -315,18 +316,17 @@ def covering(paths) -> list:
     grader's test (tests/test_autograder_assignments.py), which runs the same cells. Grading
     all of them here took half of this file's time (a fresh kernel and PyTorch import each).
     """
-    def cells(path):
-        case = load_wrong(path)
-        return set(expected_losses(case, False)) | set(expected_losses(case, True))
-    chosen, left = [], set().union(*map(cells, paths)) if paths else set()
+    cells = {path: set(expected_losses(case, False)) | set(expected_losses(case, True))
+             for path, case in ((path, load_wrong(path)) for path in paths)}
+    chosen, left = [], set().union(*cells.values())
     while left:
-        best = max(paths, key=lambda path: len(cells(path) & left))  # the first of the best
+        best = max(paths, key=lambda path: len(cells[path] & left))  # the first of the best
         chosen.append(best)
-        left -= cells(best)
+        left -= cells[best]
     return sorted(chosen)
 
 
-NO_SYNCHRONIZE = ROOT / "tests" / "wrong_submissions" / "benchmark" / "no_synchronize.toml"
+NO_SYNCHRONIZE = WRONG_SUBMISSIONS / "benchmark" / "no_synchronize.toml"
 NBGRADED_WRONG = sorted({path for assignment in ASSIGNMENTS
                          for path in covering([p for p in WRONG if p.parent.name == assignment])}
                         | {NO_SYNCHRONIZE})  # and the one the GPU test below reads
@@ -437,8 +437,9 @@ def test_unedited_release_scores_zero(graded, assignment):
                          ids=[f"{p.parent.name}/{p.stem}" for p in NBGRADED_WRONG])
 def test_wrong_submission_loses_exactly_its_points(graded, path):
     case = load_wrong(path)
+    left_out = unjudged(case)
     scores = {grade_id: points for grade_id, points in graded[case["assignment"]][case["student"]].items()
-              if grade_id not in unjudged(case)}
+              if grade_id not in left_out}
     losses = expected_losses(case, torch.cuda.is_available())
     expected = {grade_id: (top - losses.get(grade_id, 0), top) for grade_id, (_, top) in scores.items()}
     assert scores == expected, (

@@ -69,7 +69,8 @@ def test_unedited_release_scores_zero(graded, assignment):
 def test_wrong_submission_loses_exactly_its_points(graded, path):
     case = wrong_case(path)
     result = graded[case["assignment"]]["results"][case["student"]]
-    got = {gid: scores for gid, scores in counted(result).items() if gid not in unjudged(case)}
+    left_out = unjudged(case)
+    got = {gid: scores for gid, scores in counted(result).items() if gid not in left_out}
     expected = {gid: (points - case["losses"].get(gid, 0), points)
                 for gid, (_, points) in got.items()}
     assert got == expected, f"{case['student']}: {case['mistake'].strip()}\n{result['output']}"
