@@ -723,6 +723,53 @@ CLAIMS += [
 ]
 
 FACTS += [(_AK, "h100_bf16_tflops", lambda v: 989.5)]  # the H100 SXM datasheet, dense bf16
+_TK = "chapters/triton-kernels"
+
+
+def _tk_speed(key):
+    """triton-kernels: a Triton kernel against PyTorch's (GPU only), fastest runs, 10% rule."""
+    def rule(v):
+        if not v["on_gpu"]:
+            return "not timed, since this run had no GPU"
+        r = v[f"{key}_speedup"]
+        if r >= 1.10:
+            return f"faster, {r:.2f} times PyTorch's speed"
+        if r <= 1 / 1.10:
+            return f"slower, {r:.2f} times PyTorch's speed"
+        return f"about as fast, within 10%: {r:.2f} times PyTorch's speed"
+    return rule
+
+
+def _tk_race(v):
+    """triton-kernels: the read-add-write sum against the right total."""
+    if v["racy_total"] == v["sum_n"]:
+        return ("gave the right total: no program read the total while another was between "
+                "its read and its write")
+    return (f"gave {v['racy_total']:,.0f} instead of {v['sum_n']:,}: programs that read the total "
+            "at the same time overwrote each other's additions")
+
+
+def _tk_smem(v):
+    """triton-kernels: what became of a tile configuration too large for shared memory."""
+    if v["smem_outcome"] == "refused":
+        return ("refused it before running: the compiled kernel needs more shared memory than "
+                "the GPU gives a block")
+    if v["interpreted"]:
+        return "ran it without complaint, since the interpreter has no shared memory and no limit on it"
+    return ("ran it: the compiler fitted it into this GPU's shared memory, with fewer stages than "
+            "asked for or a GPU that has more")
+
+
+CLAIMS += [
+    *[(_TK, f"{key}_speed_verdict", _tk_speed(key), False)
+      for key in ("add", "softmax", "matmul", "attention")],
+    (_TK, "race_verdict", _tk_race, False),
+    (_TK, "smem_verdict", _tk_smem, False),
+    (_TK, "roof_outlook", _ak_outlook("roof_outlook"), False),
+]
+
+FACTS += [(_TK, "h100_ridge", lambda v: 989.5 / 3.35),  # the H100 SXM datasheet, dense float16
+          (_TK, "attention_intensity", lambda v: 4096 / 2)]
 
 # Verdicts glued under names made in a loop, which the source scan below cannot read.
 LOOPED = set()
@@ -817,6 +864,12 @@ def test_the_rules_catch_a_verdict_that_disagrees():
     assert _mp_peak(1.3).startswith("on this run the peak lay above")
     with pytest.raises(AssertionError):  # a GPU prediction stated on a CPU run, unhedged
         _ak_outlook("o")({"on_gpu": False, "o": "On a GPU the replay is several times as fast."})
+    # triton-kernels: a CPU run times nothing; a GPU run judges each kernel by the 10% rule
+    assert _tk_speed("add")({"on_gpu": False, "add_speedup": float("nan")}).startswith("not timed")
+    assert _tk_speed("add")({"on_gpu": True, "add_speedup": 1.05}).startswith("about as fast")
+    assert _tk_speed("add")({"on_gpu": True, "add_speedup": 0.5}).startswith("slower")
+    assert _tk_race({"racy_total": 1000.0, "sum_n": 4096}).startswith("gave 1,000 instead of 4,096")
+    assert _tk_smem({"smem_outcome": "ran", "interpreted": False}).startswith("ran it: the compiler")
 
 
 def test_every_verdict_a_page_glues_is_checked():
