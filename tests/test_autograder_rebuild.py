@@ -319,3 +319,23 @@ def test_only_the_instructors_tag_on_a_read_only_cell_skips(reference):
     cell(ref, "squares").metadata["tags"] = [SKIP_WHEN_GRADING]
     assert "skip-execution" not in cell(rebuild(ref, answered()).notebook, "squares"
                                         ).metadata.get("tags", [])
+
+
+@pytest.mark.parametrize("device, skipped", [("cpu", True), ("cuda", False)])
+def test_a_gpu_only_speed_test_is_skipped_once_without_cuda(reference, device, skipped):
+    # A `_gpu` cell whose speed test has a schedule for CUDA only (fused_layernorm's
+    # layernorm_speed_gpu): off CUDA both rules skip it, and its cell is tagged once (a tag
+    # listed twice makes the notebook invalid, and the grading of every submission failed).
+    gpu_speed = copy.deepcopy(reference)
+    target = cell(gpu_speed, "test_squares_gpu")
+    target.source += (
+        "\n### BEGIN HIDDEN TESTS\ndef slow_squares(n):\n    return [i * i for i in range(n)]\n\n\n"
+        "def squares_inputs(seed):\n    return (100 + seed % 7,)\n\n\n"
+        'SPEED_TEST = {"candidate": "squares", "baseline": "slow_squares", '
+        '"inputs": "squares_inputs", "points": {"cuda": [1.0, 2.0]}}\n### END HIDDEN TESTS\n')
+    rebuilt = rebuild(gpu_speed, answered(), device=device)
+    test = [t for t in rebuilt.tests if t.grade_id == "test_squares_gpu"][0]
+    assert test.speed is not None and test.skipped == skipped
+    tags = cell(rebuilt.notebook, "test_squares_gpu").metadata.get("tags", [])
+    assert tags.count("skip-execution") == (1 if skipped else 0)
+    nbformat.validate(rebuilt.notebook)

@@ -509,8 +509,10 @@ def rebuild(reference: nbformat.NotebookNode, submitted: nbformat.NotebookNode, 
             if speed is not None:
                 speed = replace(speed, clean_source=clean_source(setup_code, ref.source,
                                                                  speed.candidate))
-            if speed is not None and device not in speed.points:
-                skipped = True  # no schedule for this device: its points are not at stake
+            if speed is not None and device not in speed.points and not skipped:
+                # No schedule for this device: its points are not at stake. (A GPU-only speed
+                # test is skipped off CUDA already, and a tag may appear once only.)
+                skipped = True
                 cell.metadata.setdefault("tags", []).append("skip-execution")
             split = split_test(ref.source, known) if speed is None else None
             if split is not None:
