@@ -4,6 +4,7 @@ These start real kernels (about a second each), on tiny notebooks that import no
 """
 from __future__ import annotations
 
+import json
 import os
 import time
 
@@ -121,6 +122,13 @@ def test_imports_are_read_from_code_and_notebooks():
             "!pip list\nimport json, collections.abc", "def broken(:"]
     assert imported_modules(code) == ["torch", "os", "json", "collections"]
     assert notebook_imports([SOURCE]) == ["math", "sys", "torch"]
+
+
+def test_triton_is_left_for_the_notebook_to_import(tmp_path):
+    # Triton reads TRITON_INTERPRET when imported, which fused_layernorm sets first without CUDA.
+    nb = {"cells": [{"cell_type": "code", "source": "import os\nimport triton\nimport torch"}]}
+    (tmp_path / "t.ipynb").write_text(json.dumps(nb))
+    assert notebook_imports([tmp_path / "t.ipynb"]) == ["os", "torch"]
 
 
 def test_limits_must_be_positive():

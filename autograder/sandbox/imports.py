@@ -55,8 +55,16 @@ def imported_modules(sources: Iterable[str]) -> List[str]:
     return names
 
 
+# Never preloaded, though a notebook imports them: modules whose import reads settings that the
+# notebook itself chooses before importing them. Triton reads TRITON_INTERPRET (run kernels in its
+# interpreter, on the CPU) when it is imported; the course's Triton notebooks set it when PyTorch
+# finds no CUDA GPU, so a Triton imported beforehand by the fork server would run no kernel there
+# ("Cannot call @triton.jit'd outside of the scope of a kernel").
+NOT_PRELOADED = frozenset({"triton"})
+
+
 def notebook_imports(paths: Iterable[Path]) -> List[str]:
-    """Installed modules that the code cells of these notebooks import."""
+    """Installed modules that the code cells of these notebooks import (but NOT_PRELOADED)."""
     code = []
     for path in paths:
         try:
@@ -67,7 +75,7 @@ def notebook_imports(paths: Iterable[Path]) -> List[str]:
             if isinstance(cell, dict) and cell.get("cell_type") == "code":
                 source = cell.get("source", "")
                 code.append("".join(source) if isinstance(source, list) else str(source))
-    return importable(imported_modules(code))
+    return importable(name for name in imported_modules(code) if name not in NOT_PRELOADED)
 
 
 def importable(names: Iterable[str]) -> List[str]:
