@@ -11,6 +11,7 @@ in the score nor in the maximum.
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -85,3 +86,31 @@ def test_nbgrader_export_reads_the_same_scores(course_run, assignment):
     students = course_run.students[assignment]
     assert {s: exported[(assignment, s)] for s in students} == {
         s: float(ours[(assignment, s)]["score"]) for s in students}
+
+
+def test_a_speed_test_with_a_cuda_schedule_only_is_at_stake_only_on_cuda(graded):
+    """fused_layernorm's speed test has a schedule for CUDA only: with CUDA the reference is
+    timed and earns both points; without, the test is skipped, its 2 points neither scored nor
+    in the maximum (grades.csv's skipped_points says so)."""
+    result = graded["fused_layernorm"]["results"]["solution"]
+    speed = next(t for t in result["tests"] if t["name"] == "layernorm_speed_gpu")
+    row = graded["fused_layernorm"]["rows"]["solution"]
+    if CUDA:
+        assert speed["extra_data"]["outcome"] != "skipped", speed
+        assert "speed" in speed["extra_data"], speed
+        assert speed["score"] == speed["extra_data"]["points"] == 2, speed
+        assert float(row["max_score"]) == 10 and float(row["skipped_points"]) == 0, row
+    else:
+        assert speed["extra_data"]["outcome"] == "skipped", speed
+        assert float(row["max_score"]) == 8 and float(row["skipped_points"]) == 2, row
+
+
+@pytest.mark.gpu
+def test_the_layer_norm_kernel_is_timed_against_pytorch_on_a_gpu(graded):
+    """On a GPU the reference Triton kernel is compiled, checked and timed against
+    torch.nn.functional.layer_norm; the speedup is what sets the schedule (solutions/GRADING.md)."""
+    result = graded["fused_layernorm"]["results"]["solution"]
+    speed = next(t for t in result["tests"] if t["name"] == "layernorm_speed_gpu")
+    measured = speed["extra_data"]["speed"]
+    assert measured.get("device") == "cuda", measured
+    print(f"fused_layernorm on {torch.cuda.get_device_name()}: {json.dumps(measured)[:2000]}")
