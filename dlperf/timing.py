@@ -3,7 +3,9 @@
 ``Benchmark`` is the course's reference version of the context manager that
 learners write in the ``Benchmark`` assignment. ``time_it`` and ``compare``
 do what every page's timed comparison needs: warm-ups, repeats, a device
-synchronize before each clock reading, and medians side by side.
+synchronize before each clock reading, and the medians and the fastest runs side
+by side (the pages judge by the fastest runs, the least disturbed on a shared
+machine; :func:`timing_table`).
 """
 from __future__ import annotations
 

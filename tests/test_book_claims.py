@@ -73,6 +73,23 @@ def _blockers(v):
             "table cannot tell their cost from run-to-run variation")
 
 
+def _call_gap(excess, noise):
+    """async-computation: a loop's extra time per step against one .item() timed alone plus the
+    noise of loops doing the same work (its controls)."""
+    def rule(v):
+        alone, extra, spread = v["item_alone_us"], v[excess], v[noise]
+        if extra <= alone + spread:
+            return (f"no more than the call's own {alone:.1f} µs plus the {spread:.1f} µs by "
+                    "which loops doing the same work differed")
+        on_gpu = not v["logging_device"].startswith("CPU")
+        why = ("on a GPU it also waits for the work queued before it" if on_gpu
+               else "inside the loop the call cost more than when it is repeated on its own, "
+               "and this run does not show why")
+        return (f"more than the call's own {alone:.1f} µs plus the {spread:.1f} µs by which "
+                f"loops doing the same work differed: {why}")
+    return rule
+
+
 def _lanes(v):
     speedup, share = v["lane_speedup"], 100 * v["lane_speedup"] / v["lane_ideal"]
     assert share == pytest.approx(v["lane_share"])
@@ -196,6 +213,32 @@ def _pm_tanh_test(v):
             "this run its arithmetic kept up with memory")
 
 
+def _pm_gelu_fresh(v):
+    """performance-model: the compiled GELU with a new result against the same kernel writing
+    into c (the same cost, so the shares of the roof are inverse times)."""
+    fresh = 1 - v["gelu_compiled_share"] / v["gelu_into_share"]
+    assert 100 * fresh == pytest.approx(v["gelu_fresh_share"])
+    if fresh >= 0.5:
+        return ("the new result took more than half of the compiled GELU's time: what held it "
+                "back most was the memory it asks for at every call, not its arithmetic")
+    if fresh >= 0.1:
+        return ("the new result took a tenth to a half of the compiled GELU's time, and the "
+                "kernel itself the rest")
+    return "the new result cost it less than a tenth of its time on this run"
+
+
+def _pm_gelu_tanh(v):
+    """performance-model: the compiled GELU into c against the eager tanh into c; both move 8
+    bytes per element, so the higher share of the roof is the shorter time."""
+    if v["gelu_into_share"] > v["tanh_share"]:
+        return (f"the compiled GELU writing into c, a tanh and {v['gelu_ops'] - 1} more "
+                "operations per element, took less time than the eager tanh alone, which moves "
+                "the same bytes: the compiled kernel's tanh is the cheaper one, and the eager "
+                "tanh's cost says little about it")
+    return ("the compiled GELU writing into c took at least as long as the eager tanh alone, "
+            "which moves the same bytes: arithmetic is part of its cost")
+
+
 def _pm_matmul_roof(v):
     """performance-model: the fastest product against the compute ceiling set by a larger one."""
     top = v["matmul_max_share"]
@@ -254,7 +297,7 @@ def _pm_gelu_bound(v):
 
 
 _PM = "chapters/performance-model"
-_PM_POINTS = ("add", "add_new", "tanh", "gelu_eager", "gelu_compiled")
+_PM_POINTS = ("add", "add_new", "tanh", "gelu_eager", "gelu_compiled", "gelu_into")
 
 
 # (page, glued verdict, rule from the page's numbers, whether the verdict is a prefix)
@@ -269,6 +312,10 @@ CLAIMS = [
                 else "would have been far too flattering"), False),
     ("chapters/async-computation", "logging_verdict", _logging, False),
     ("chapters/async-computation", "small_blocker_verdict", _blockers, False),
+    ("chapters/async-computation", "item_gap_verdict", _call_gap("item_excess_us", "noise_step_us"),
+     False),
+    ("chapters/async-computation", "logging_gap_verdict",
+     _call_gap("logging_step_us", "logging_noise_us"), False),
     ("chapters/auto-parallelism", "lane_verdict", _lanes, False),
     ("chapters/auto-parallelism", "threads_verdict", _threads, False),
     ("chapters/auto-parallelism", "pipeline_verdict", _pipeline, False),
@@ -292,6 +339,8 @@ CLAIMS = [
       for key in _PM_POINTS],
     (_PM, "matmul_roof_verdict", _pm_matmul_roof, False),
     (_PM, "tanh_test_verdict", _pm_tanh_test, False),
+    (_PM, "gelu_fresh_verdict", _pm_gelu_fresh, False),
+    (_PM, "gelu_tanh_verdict", _pm_gelu_tanh, False),
     (_PM, "small_side_verdict", _pm_product_side("small_intensity"), False),
     (_PM, "small_roof_verdict",
      lambda v: ("left of the ridge, so the roofline judges it by the memory roof, as if its "
@@ -817,6 +866,11 @@ def test_the_rules_catch_a_verdict_that_disagrees():
     # async-computation once read a blocker's cost from noise; the controls' spread bounds it
     assert _blockers({"plain_step_us": 80.0, "noise_step_us": 30.0, "item_loop_step_us": 126.0,
                       "numpy_loop_step_us": 100.0}).startswith("only one")
+    # ... and once said the .item() loop paid what the call costs alone, where it paid 6 times that
+    gap = _call_gap("item_excess_us", "noise_step_us")
+    cpu = {"item_alone_us": 2.7, "item_excess_us": 15.6, "logging_device": "CPU: AMD EPYC"}
+    assert gap({**cpu, "noise_step_us": 14.7}).startswith("no more than")
+    assert "does not show why" in gap({**cpu, "noise_step_us": 5.0})
     derived = {"peak_basis": "reported clock", "peak_ghz": 2.6, "flop_per_cycle": 64.0}
     assert _peak({**derived, "peak_share": 123.0, "implied_ghz": 3.2}).startswith("exceeded")
     assert "2.60 GHz that /proc/cpuinfo reports" in _peak({**derived, "peak_share": 123.0,
