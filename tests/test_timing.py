@@ -77,3 +77,36 @@ def test_compare_interleaves_the_candidates_round_by_round():
     calls = []
     compare({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, repeat=3, warmup=1)
     assert calls == ["a", "b"] + ["a", "b"] * 3
+
+
+def test_a_cold_l2_is_a_gpu_matter_only():
+    # On a CPU flush_l2 queues nothing and keeps no buffer, and time_it calls fn as often
+    # with cold_l2 as without: warm-ups, then one call per repeat.
+    timing.flush_l2("cpu")
+    assert timing._L2_FLUSH == {}
+    for cold in (True, False):
+        calls = []
+        times = time_it(lambda: calls.append(1), repeat=3, warmup=2, device="cpu", cold_l2=cold)
+        assert len(calls) == 5 and len(times) == 3 and all(t >= 0 for t in times)
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_l2_is_overwritten_and_events_leave_out_the_launch():
+    import statistics
+
+    import torch
+
+    dev = torch.device("cuda")
+    l2 = torch.cuda.get_device_properties(dev).L2_cache_size
+    timing.flush_l2(dev)
+    assert timing._L2_FLUSH[torch.device("cuda", torch.cuda.current_device())].numel() >= 2 * l2
+    # Half the L2 read again: from the L2 when warm, from memory when cold.
+    half = torch.ones(l2 // 8, device=dev)  # float32: l2 / 2 bytes
+    cold = statistics.median(time_it(half.sum, repeat=50, device=dev))
+    warm = statistics.median(time_it(half.sum, repeat=50, device=dev, cold_l2=False))
+    assert cold > warm, (cold, warm)
+    # A tiny kernel: the host's clock around launch and synchronize against the GPU's events.
+    small = torch.ones(1024, device=dev)
+    events = statistics.median(time_it(small.sum, repeat=50, device=dev))
+    host = statistics.median(time_it(small.sum, repeat=50, device=None))
+    assert events < host, (events, host)
