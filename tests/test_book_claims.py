@@ -97,9 +97,9 @@ def _inf_decode(v):
         return ("within 25% of the time it takes to read the weights once: the step was "
                 "memory-bound, as the count predicts")
     if r > 1.25:
-        return ("more than 25% longer than reading the weights once: besides the weights the "
-                "step paid for costs the count leaves out (per-operation overhead, attention "
-                "over the cache, the layer norms)")
+        return ("more than 25% longer than reading the weights once: the step read them "
+                "below the streaming rate, or paid for work the count leaves out (each "
+                "operation's fixed cost, attention over the cache, the norms)")
     return ("more than 25% shorter than reading the weights once: part of them came from a "
             "cache, or the streaming kernels fell short of what the memory can deliver")
 
