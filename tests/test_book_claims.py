@@ -90,6 +90,38 @@ def _call_gap(excess, noise):
     return rule
 
 
+def _inf_decode(v):
+    """inference: a decode step against one read of the weights at the streaming bandwidth."""
+    r = v["decode_vs_weights"]
+    if 0.75 <= r <= 1.25:
+        return ("within 25% of the time it takes to read the weights once: the step was "
+                "memory-bound, as the count predicts")
+    if r > 1.25:
+        return ("more than 25% longer than reading the weights once: the step read them "
+                "below the streaming rate, or paid for work the count leaves out (each "
+                "operation's fixed cost, attention over the cache, the norms)")
+    return ("more than 25% shorter than reading the weights once: part of them came from a "
+            "cache, or the streaming kernels fell short of what the memory can deliver")
+
+
+def _inf_batch(v):
+    """inference: tokens per second at the largest batch, against a step of unchanged length."""
+    if v["throughput_gain"] / v["largest_batch"] >= 0.5:
+        return ("at least half of the gain a step of unchanged length would give: reading the "
+                "weights still dominated the step")
+    return ("under half of the gain a step of unchanged length would give: by then the "
+            "arithmetic and the attention over the caches had taken over")
+
+
+def _inf_int8(v):
+    s = v["int8_speedup"]
+    if s >= 1.1:
+        return "made the decode step faster"
+    if s > 1 / 1.1:
+        return "left the decode step's time within 10% of float32's"
+    return "made the decode step slower"
+
+
 def _lanes(v):
     speedup, share = v["lane_speedup"], 100 * v["lane_speedup"] / v["lane_ideal"]
     assert share == pytest.approx(v["lane_share"])
@@ -316,6 +348,12 @@ CLAIMS = [
      False),
     ("chapters/async-computation", "logging_gap_verdict",
      _call_gap("logging_step_us", "logging_noise_us"), False),
+    ("chapters/inference", "cache_verdict",
+     lambda v: ("made generation faster" if v["cache_gain"] >= 1.1
+                else "made no difference beyond 10%, at this length"), False),
+    ("chapters/inference", "decode_verdict", _inf_decode, False),
+    ("chapters/inference", "batch_verdict", _inf_batch, False),
+    ("chapters/inference", "int8_verdict", _inf_int8, False),
     ("chapters/auto-parallelism", "lane_verdict", _lanes, False),
     ("chapters/auto-parallelism", "threads_verdict", _threads, False),
     ("chapters/auto-parallelism", "pipeline_verdict", _pipeline, False),
