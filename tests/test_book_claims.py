@@ -98,8 +98,8 @@ def _inf_decode(v):
                 "memory-bound, as the count predicts")
     if r > 1.25:
         return ("more than 25% longer than reading the weights once: the step read them "
-                "below the streaming rate, or paid for work the count leaves out (each "
-                "operation's fixed cost, attention over the cache, the norms)")
+                "below the streaming rate, or paid for work the count leaves out, such as "
+                "each operation's fixed cost, attention over the cache and the norms")
     return ("more than 25% shorter than reading the weights once: part of them came from a "
             "cache, or the streaming kernels fell short of what the memory can deliver")
 
