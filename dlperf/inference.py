@@ -9,11 +9,14 @@ output row (weight-only quantization).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Optional, Tuple
 
 import torch
 from torch import nn
 from torch.nn import functional as F
+
+from .memory import tensor_bytes
 
 
 def kv_cache_bytes(layers: int, kv_heads: int, head_dim: int, tokens: int, batch: int = 1,
@@ -36,7 +39,7 @@ class KVCache:
 
     @property
     def nbytes(self) -> int:
-        return 2 * self.keys.numel() * self.keys.element_size()
+        return tensor_bytes((self.keys, self.values))
 
     def extend(self, layer: int, keys: torch.Tensor, values: torch.Tensor, start: int
                ) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -78,6 +81,7 @@ class Int8Linear(nn.Module):
         return y.reshape(*x.shape[:-1], -1)
 
 
+@lru_cache(maxsize=None)  # one probe per device and dtype, not one per layer
 def _int8_matmul_works(device, dtype) -> bool:
     try:
         torch._weight_int8pack_mm(torch.ones(1, 32, device=device, dtype=dtype),
@@ -100,8 +104,7 @@ def quantize_weights(model: nn.Module) -> nn.Module:
 
 def weight_bytes(model: nn.Module) -> int:
     """Bytes of the model's parameters and buffers (its weights, however stored)."""
-    tensors = list(model.parameters()) + list(model.buffers())
-    return sum(t.numel() * t.element_size() for t in tensors)
+    return tensor_bytes([*model.parameters(), *model.buffers()])
 
 
 class DecoderBlock(nn.Module):
