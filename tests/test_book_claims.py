@@ -122,6 +122,30 @@ def _inf_int8(v):
     return "made the decode step slower"
 
 
+def _pl_small_step(v):
+    """parallel-layout: the measured DP step against the planner's bound and the sum of
+    the step and the allreduce."""
+    measured = v["small_measured_ms"]
+    if measured < v["small_overlapped_ms"]:
+        return ("shorter than the planner's estimate, which this bound should never "
+                "allow: one of the rates it was given was measured too low")
+    if measured <= v["small_in_turn_ms"] * 1.05:
+        return ("between the planner's estimate and the sum of the step and the "
+                "allreduce: the processes hid part of the allreduce, not all of it")
+    return ("longer than even the step and the allreduce one after the other: "
+            "data parallelism cost more than the traffic the planner counts")
+
+
+def _pl_published_rank(v):
+    rank = v["published_rank"]
+    if rank == 0:
+        return "not among the layouts that fit"
+    if rank == 1:
+        return "the planner's first choice"
+    return (f"number {rank:,} of the {v['plan_146b_fits']:,} that fit, with an estimated "
+            f"step {v['published_longer_pct']:.0f}% longer than the first one's")
+
+
 def _lanes(v):
     speedup, share = v["lane_speedup"], 100 * v["lane_speedup"] / v["lane_ideal"]
     assert share == pytest.approx(v["lane_share"])
@@ -354,6 +378,18 @@ CLAIMS = [
     ("chapters/inference", "decode_verdict", _inf_decode, False),
     ("chapters/inference", "batch_verdict", _inf_batch, False),
     ("chapters/inference", "int8_verdict", _inf_int8, False),
+    ("chapters/parallel-layout", "megatron_bound_verdict",
+     lambda v: (f"every run reached less than the bound, between "
+                f"{v['megatron_low_share']:.0f}% and {v['megatron_high_share']:.0f}% of it"
+                if v["megatron_high_share"] < 100 else
+                "at least one run reached more than the bound, so the model misses a cost "
+                "it overstates"), False),
+    ("chapters/parallel-layout", "small_step_verdict", _pl_small_step, False),
+    ("chapters/parallel-layout", "zero_balance_verdict",
+     lambda v: ("within 5% of an even split" if abs(v["zero_largest_share"] - 1) <= 0.05
+                else f"{v['zero_largest_share']:.2f} times an even split, because it hands "
+                "out whole tensors"), False),
+    ("chapters/parallel-layout", "published_rank_verdict", _pl_published_rank, False),
     ("chapters/auto-parallelism", "lane_verdict", _lanes, False),
     ("chapters/auto-parallelism", "threads_verdict", _threads, False),
     ("chapters/auto-parallelism", "pipeline_verdict", _pipeline, False),
