@@ -998,6 +998,12 @@ def test_the_rules_catch_a_verdict_that_disagrees():
     assert _tk_speed("add")({"on_gpu": True, "add_speedup": 0.5}).startswith("slower")
     assert _tk_race({"racy_total": 1000.0, "sum_n": 4096}).startswith("gave 1,000 instead of 4,096")
     assert _tk_smem({"smem_outcome": "ran", "interpreted": False}).startswith("ran it: the compiler")
+    # parallel-layout: a DP step below the planner's bound is a wrong rate, not a fast step
+    small = {"small_overlapped_ms": 65.0, "small_in_turn_ms": 71.0}
+    assert _pl_small_step({**small, "small_measured_ms": 44.0}).startswith("shorter")
+    assert _pl_small_step({**small, "small_measured_ms": 70.0}).startswith("between")
+    assert _pl_small_step({**small, "small_measured_ms": 83.0}).startswith("longer")
+    assert _pl_published_rank({"published_rank": 0}) == "not among the layouts that fit"
 
 
 def test_every_verdict_a_page_glues_is_checked():
