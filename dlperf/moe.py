@@ -172,7 +172,7 @@ def clustered_task(tokens: int, width: int, clusters: int, seed: int = 0):
     out. Returns the inputs, the targets and the offset."""
     generator = torch.Generator().manual_seed(seed)
     centers = torch.randn(clusters, width, generator=generator)
-    offset = 2 * torch.randn(width, generator=generator)
+    offset = 0.5 * torch.randn(width, generator=generator)
     cluster = torch.randint(0, clusters, (tokens,), generator=generator)
     noise = 0.5 * torch.randn(tokens, width, generator=generator)
     x = offset + centers[cluster] + noise
@@ -181,7 +181,7 @@ def clustered_task(tokens: int, width: int, clusters: int, seed: int = 0):
     return x, y, offset
 
 
-def skew_router(layer: MoELayer, offset: torch.Tensor, strength: float = 1.0) -> None:
+def skew_router(layer: MoELayer, offset: torch.Tensor, strength: float = 3.0) -> None:
     """Make the router favour expert 0, and expert 1 half as much, for every token
     near ``offset``: the imbalance of a router early in training."""
     with torch.no_grad():
@@ -197,15 +197,23 @@ def train_with_balance(layer: MoELayer, x: torch.Tensor, y: torch.Tensor, steps:
     expert's load over the mean load."""
     optimizer = torch.optim.Adam(layer.parameters(), lr=lr)
     history = []
-    for _ in range(steps):
-        error = F.mse_loss(layer(x), y)
-        optimizer.zero_grad()
-        (error + layer.aux_loss).backward()
-        optimizer.step()
-        load = layer.last_routing.load.float()
-        history.append({"error": float(error),
-                        "dropped": layer.last_routing.dropped_fraction,
-                        "busiest over mean": float(load.max() / load.mean())})
+    threads = torch.get_num_threads()
+    if x.device.type == "cpu":
+        # Tensors this small gain nothing from a second thread, and on a shared
+        # machine a thread that waits for a busy core stalls every step.
+        torch.set_num_threads(1)
+    try:
+        for _ in range(steps):
+            error = F.mse_loss(layer(x), y)
+            optimizer.zero_grad()
+            (error + layer.aux_loss).backward()
+            optimizer.step()
+            load = layer.last_routing.load.float()
+            history.append({"error": error.item(),
+                            "dropped": layer.last_routing.dropped_fraction,
+                            "busiest over mean": float(load.max() / load.mean())})
+    finally:
+        torch.set_num_threads(threads)
     return history
 
 
@@ -401,10 +409,12 @@ def all_to_all_timing(rank: int, group_sizes: Sequence[int],
 
 
 def fit_alpha_beta(bytes_sent: Sequence[float], seconds: Sequence[float]):
-    """Least-squares fit of t = latency + bytes / bandwidth; (latency in s, bandwidth in
+    """Fit t = latency + bytes / bandwidth by least squares on the relative error, so
+    that small messages count as much as large ones; (latency in s, bandwidth in
     bytes/s)."""
-    slope, intercept = np.polyfit(np.asarray(bytes_sent, float),
-                                  np.asarray(seconds, float), 1)
+    seconds = np.asarray(seconds, float)
+    slope, intercept = np.polyfit(np.asarray(bytes_sent, float), seconds, 1,
+                                  w=1 / seconds)
     return float(intercept), float(1 / slope)
 
 
