@@ -916,9 +916,9 @@ CLAIMS += [
      lambda v: "within 1% of" if v["mixtral_gap_pct"] <= 1 else "more than 1% away from", False),
     (_MOE, "moe_time_verdict", _moe_time, False),
     (_MOE, "ep_match_verdict",
-     lambda v: ("the same outputs and gradients, to float32 rounding"
+     lambda v: ("the same outputs and gradients as the whole layer, to float32 rounding"
                 if max(v["ep_out_diff"], v["ep_grad_diff"]) < 1e-5
-                else "different outputs or gradients"), False),
+                else "different outputs or gradients from the whole layer's"), False),
     (_MOE, "ep_bytes_verdict", lambda v: "exactly" if v["ep_bytes_gap"] == 0 else "not", False),
     (_MOE, "fit_verdict",
      lambda v: ("within 25% of every measured time" if v["a2a_worst_pct"] <= 25 else
