@@ -894,6 +894,83 @@ CLAIMS += [
 FACTS += [(_TK, "h100_ridge", lambda v: 989.5 / 3.35),  # the H100 SXM datasheet, dense float16
           (_TK, "attention_intensity", lambda v: 4096 / 2)]
 
+_MOE = "chapters/mixture-of-experts"
+
+
+def _moe_balance(key):
+    """mixture-of-experts: a run with the auxiliary loss against the run without it, at the
+    last step; 1 percentage point fewer dropped choices and a busiest expert 5% less
+    loaded count as differences."""
+    def rule(v):
+        fewer = v[f"{key}_dropped_last"] <= v["none_dropped_last"] - 1
+        evener = v[f"{key}_busiest_last"] <= 0.95 * v["none_busiest_last"]
+        if fewer and evener:
+            return "evened out the load and dropped fewer choices than training without it"
+        if evener:
+            return "evened out the load, but dropped no fewer choices than training without it"
+        if fewer:
+            return ("dropped fewer choices, but left the busiest expert about as loaded as "
+                    "training without it")
+        return "changed neither the load nor the dropped share against training without it"
+    return rule
+
+
+def _moe_error(v):
+    """mixture-of-experts: the last squared error of both runs with the auxiliary loss
+    against the run without it, 10% either way."""
+    ratios = [v[f"{key}_error_last"] / v["none_error_last"] for key in ("small", "large")]
+    if max(ratios) <= 0.9:
+        return "lower with the auxiliary loss than without it, by more than 10%"
+    if min(ratios) >= 1.1:
+        return "higher with the auxiliary loss than without it, by more than 10%"
+    return "not lower by more than 10% for both values of alpha, nor higher by more than 10% for both"
+
+
+def _moe_time(v):
+    """mixture-of-experts: the MoE layer against a dense block of its active size, fastest
+    runs, 10% either way."""
+    r = v["moe_over_dense"]
+    if r > 1.1:
+        return ("more than 10% slower than the dense block: routing, gathering and scattering "
+                "the tokens and the smaller products cost time that the FLOP count leaves out")
+    if r >= 1 / 1.1:
+        return ("within 10% of the dense block's time: routing and the smaller products cost "
+                "little here")
+    return ("more than 10% faster than the dense block, although both do the same FLOPs: on "
+            "this machine the experts' smaller products ran at a higher rate than the one "
+            "large product")
+
+
+CLAIMS += [
+    (_MOE, "match_verdict",
+     lambda v: ("the same output, to float32 rounding" if v["match_diff"] < 1e-5
+                else "a different output"), False),
+    (_MOE, "aux_small_verdict", _moe_balance("small"), False),
+    (_MOE, "aux_large_verdict", _moe_balance("large"), False),
+    (_MOE, "error_verdict", _moe_error, False),
+    (_MOE, "mixtral_verdict",
+     lambda v: "within 1% of" if v["mixtral_gap_pct"] <= 1 else "more than 1% away from", False),
+    (_MOE, "moe_time_verdict", _moe_time, False),
+    (_MOE, "ep_match_verdict",
+     lambda v: ("the same outputs and gradients as the whole layer, to float32 rounding"
+                if max(v["ep_out_diff"], v["ep_grad_diff"]) < 1e-5
+                else "different outputs or gradients from the whole layer's"), False),
+    (_MOE, "ep_bytes_verdict", lambda v: "exactly" if v["ep_bytes_gap"] == 0 else "not", False),
+    (_MOE, "fit_verdict",
+     lambda v: ("within 25% of every measured time" if v["a2a_worst_pct"] <= 25 else
+                "more than 25% away from at least one measured time, so a straight line does "
+                "not describe this machine's all-to-all at every size"), False),
+]
+
+FACTS += [
+    (_MOE, "experts_over_k", lambda v: 8 / 2),
+    (_MOE, "gpu_buffer_mib", lambda v: 4096 * 2 * 4096 * 2 / 2**20),  # top-2 rows, bfloat16
+    # across nodes 56/64 of the buffer at 50 GB/s, within one 7/8 at 450 GB/s
+    (_MOE, "ib_over_nvlink", lambda v: (56 / 64 / 50) / (7 / 8 / 450)),
+    (_MOE, "mixtral_total_b", lambda v: 46.702792704),
+    (_MOE, "mixtral_active_b", lambda v: 12.879925248),
+]
+
 # Verdicts glued under names made in a loop, which the source scan below cannot read.
 LOOPED = set()
 
@@ -1004,6 +1081,11 @@ def test_the_rules_catch_a_verdict_that_disagrees():
     assert _pl_small_step({**small, "small_measured_ms": 70.0}).startswith("between")
     assert _pl_small_step({**small, "small_measured_ms": 83.0}).startswith("longer")
     assert _pl_published_rank({"published_rank": 0}) == "not among the layouts that fit"
+    # mixture-of-experts: a loss that evens the load but drops as many is not called a win
+    same_drop = {"none_dropped_last": 20.0, "small_dropped_last": 19.5,
+                 "none_busiest_last": 2.0, "small_busiest_last": 1.5}
+    assert _moe_balance("small")(same_drop).startswith("evened out the load, but")
+    assert _moe_time({"moe_over_dense": 1.05}).startswith("within 10%")
 
 
 def test_every_verdict_a_page_glues_is_checked():
