@@ -22,6 +22,7 @@ from typing import Dict, Iterable, List, Optional
 
 import pandas as pd
 
+from .moe import all_to_all_seconds
 from .utilization import ring_allreduce_seconds
 
 
@@ -194,14 +195,6 @@ def memory_per_gpu(model: Transformer, layout: Layout, batch: int,
 
 
 # ---------------------------------------------------------------- time
-def all_to_all_seconds(n: int, message_bytes: float, alpha: float, beta: float) -> float:
-    """Each of ``n`` processes sends ``(n - 1) / n`` of its ``message_bytes`` to the others,
-    in ``n - 1`` steps."""
-    if n < 2:
-        return 0.0
-    return (n - 1) * alpha + (n - 1) / n * message_bytes / beta
-
-
 def _allgather_seconds(n: int, message_bytes: float, alpha: float, beta: float) -> float:
     """A ring all-gather or reduce-scatter: half a ring allreduce."""
     return ring_allreduce_seconds(n, message_bytes, alpha, beta) / 2
@@ -232,8 +225,9 @@ def step_time(model: Transformer, layout: Layout, cluster: Cluster, batch: int,
 
     # expert parallel: two all-to-alls forward, two backward, of each token's chosen copies
     routed = tokens / cp / tp * model.top_k * model.width * precision.activation
-    experts = (blocks * 4 * all_to_all_seconds(ep, routed, alpha, cluster.bandwidth(ep, tp * cp))
-               if model.experts > 1 else 0.0)
+    link = cluster.bandwidth(ep, tp * cp)
+    experts = (blocks * 4 * all_to_all_seconds(routed, ep, alpha, link)
+               if model.experts > 1 and ep > 1 else 0.0)
 
     # pipeline: each stage boundary passes activations forward and their gradient back
     boundary = act / tp

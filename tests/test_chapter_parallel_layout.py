@@ -76,7 +76,7 @@ def test_experts_spread_over_expert_parallel_ranks():
     kept = pl.memory_per_gpu(moe, pl.Layout(dp=8), batch=8)
     assert spread["states"] < kept["states"]
     assert pl.step_time(moe, pl.Layout(dp=8, ep=8), cluster, 8)["experts"] > 0
-    assert pl.all_to_all_seconds(4, 4e6, 0.0, 1e9) == pytest.approx(3e-3)
+    assert pl.step_time(moe, pl.Layout(dp=8), cluster, 8)["experts"] == 0
 
 
 def test_a_layout_that_cannot_run_says_why():
