@@ -164,10 +164,10 @@ def main(argv=None) -> None:
 
     if rank == 0:
         processes = f"{world_size} process" + ("es" if world_size > 1 else "")
-        print(f"{processes}, backend {backend}, each on {dlperf.describe(device)}; "
-              f"ResNet-18 width {args.width} ({parameter_count(model):,} parameters); "
-              f"global batch {args.batch_size} = {world_size} x {per_process_batch}; "
-              f"{len(train_set)} training / {len(test_set)} test images", flush=True)
+        print(f"{processes}, backend {backend}, each on {dlperf.describe(device)};")
+        print(f"ResNet-18 width {args.width} ({parameter_count(model):,} parameters); "
+              f"global batch {args.batch_size} = {world_size} x {per_process_batch};")
+        print(f"{len(train_set)} training / {len(test_set)} test images", flush=True)
     history = {"test_acc": [], "train_loss": [], "seconds": []}
     for epoch in range(args.epochs):
         # a different shuffle every epoch, the same on every rank
