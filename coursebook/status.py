@@ -26,9 +26,10 @@ from typing import Any, Dict, List, Optional
 ROOT = Path(__file__).resolve().parent.parent
 GPU_RUNS = ROOT / "status" / "gpu-runs.json"
 FOLDER = ROOT / "_build" / "gpu-status"
-# The line each page's first cell prints (dlperf.environment_line), read back into a run's record.
+# The lines each page's first cell prints (dlperf.environment_line; one line before it was
+# split in two), read back into a run's record.
 ENVIRONMENT_LINE = re.compile(
-    r"Run profile (?P<profile>.*); PyTorch (?P<torch>[^,]+), Python (?P<python>[^;]+); "
+    r"Run profile (?P<profile>.*);\s+PyTorch (?P<torch>[^,]+), Python (?P<python>[^;]+); "
     r"(?P<hardware>.+)")
 
 

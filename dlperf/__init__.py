@@ -42,7 +42,8 @@ def environment_line(profile: RunProfile) -> str:
     gpus = gpu_count()
     hardware = (f"{gpus} GPU{'s' if gpus > 1 else ''}: {describe(torch.device('cuda:0'))}" if gpus
                 else describe(torch.device("cpu")))
-    return (f"Run profile {profile}; PyTorch {torch.__version__}, "
+    # Two lines, so that neither runs past a page's 88 columns.
+    return (f"Run profile {profile};\nPyTorch {torch.__version__}, "
             f"Python {platform.python_version()}; {hardware}")
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import socket
 import struct
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Tuple
@@ -223,13 +224,13 @@ def fashion_mnist(resize=None, source: Optional[str] = None,
         if _has_files(real_root):
             result = _open(real_root, resize, synthetic=False)
             if verbose:
-                print(result.describe())
+                print(textwrap.fill(result.describe(), 88))
             return result
     if not (_has_files(synthetic_root) and _synthetic_is_current(synthetic_root)):
         write_synthetic_fashion_mnist(synthetic_root)
     result = _open(synthetic_root, resize, synthetic=True, note=note)
     if verbose:
-        print(result.describe())
+        print(textwrap.fill(result.describe(), 88))
     return result
 
 

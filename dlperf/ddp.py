@@ -68,8 +68,8 @@ def assign_buckets(sizes: Sequence[int], limits: Sequence[int]) -> List[List[int
     """Group tensors of ``sizes`` bytes, in the given order, into buckets as DDP does.
 
     The rule of DDP's ``compute_bucket_assignment_by_size`` (for one dtype and device):
-    tensors are added in order; a bucket is closed as soon as its size reaches its limit,
-    and the next bucket gets the next limit of ``limits`` (the last one repeats).
+    tensors are added in order; a bucket is closed as soon as its size reaches its
+    limit, and the next bucket gets the next limit of ``limits`` (the last one repeats).
     Returns lists of positions in ``sizes``.
     """
     if not limits:

@@ -407,14 +407,16 @@ class KVServer:
         self.store = tcp_store(port, num_workers + 1, is_master=True, timeout=timeout)
 
     def serve(self, initial: Dict[str, torch.Tensor], rounds: int,
-              update: Optional[Callable[[str, torch.Tensor, torch.Tensor], torch.Tensor]] = None
+              update: Optional[Callable[[str, torch.Tensor, torch.Tensor],
+                                        torch.Tensor]] = None
               ) -> Dict[str, torch.Tensor]:
         values = {key: value.detach().clone() for key, value in initial.items()}
         for key, value in values.items():
             self.store.set(f"{key}/value/0", tensor_to_bytes(value))
         for t in range(1, rounds + 1):
             for key in values:
-                pushes = [f"{key}/push/{t}/{worker}" for worker in range(self.num_workers)]
+                pushes = [f"{key}/push/{t}/{worker}"
+                          for worker in range(self.num_workers)]
                 # get() blocks until the key exists (or the store's timeout passes)
                 received = [bytes_to_tensor(self.store.get(name)) for name in pushes]
                 total = received[0].clone()
@@ -424,13 +426,15 @@ class KVServer:
                 self.store.set(f"{key}/value/{t}", tensor_to_bytes(values[key]))
                 for name in pushes:  # aggregated: the server need not keep them
                     self.store.delete_key(name)
-        # The store lives in this process: wait until every worker has read the last version.
+        # The store lives in this process: wait until every
+        # worker has read the last version.
         self.store.get("all-workers-done")
         return values
 
 
 class KVClient:
-    """A worker's handle on a :class:`KVServer`: ``push(key, tensor)`` and ``pull(key)``."""
+    """A worker's handle on a :class:`KVServer`:
+    ``push(key, tensor)`` and ``pull(key)``."""
 
     def __init__(self, port: int, worker: int, num_workers: int, timeout: float = 60.0):
         self.worker, self.num_workers = worker, num_workers
@@ -440,14 +444,17 @@ class KVClient:
     def push(self, key: str, tensor: torch.Tensor) -> None:
         """Send this worker's contribution to the next round of ``key``."""
         self.round[key] = self.round.get(key, 0) + 1
-        self.store.set(f"{key}/push/{self.round[key]}/{self.worker}", tensor_to_bytes(tensor))
+        self.store.set(f"{key}/push/{self.round[key]}/{self.worker}",
+                       tensor_to_bytes(tensor))
 
     def pull(self, key: str) -> torch.Tensor:
-        """The value of ``key`` after the round of this worker's last push (blocks until ready)."""
+        """The value of ``key`` after the round of this worker's
+        last push (blocks until ready)."""
         return bytes_to_tensor(self.store.get(f"{key}/value/{self.round.get(key, 0)}"))
 
     def close(self) -> None:
-        """Tell the server this worker is finished (the last one to call lets it exit)."""
+        """Tell the server this worker is finished (the
+        last one to call lets it exit)."""
         if self.store.add("workers-done", 1) == self.num_workers:
             self.store.set("all-workers-done", b"1")
 

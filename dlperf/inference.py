@@ -186,11 +186,12 @@ class TinyDecoder(nn.Module):
 @torch.no_grad()
 def generate(model: TinyDecoder, prompt: torch.Tensor, new_tokens: int,
              use_cache: bool = True) -> torch.Tensor:
-    """Greedy generation: ``prompt`` (batch, length) followed by ``new_tokens`` tokens. With
-    the cache, one prefill pass over the prompt, then one position per step (decode); without
-    it, every step runs the whole sequence so far again."""
+    """Greedy generation: ``prompt`` (batch, length) followed by ``new_tokens`` tokens.
+    With the cache, one prefill pass over the prompt, then one position per step
+    (decode); without it, every step runs the whole sequence so far again."""
     tokens = prompt
-    cache = model.new_cache(prompt.shape[0], prompt.shape[1] + new_tokens) if use_cache else None
+    cache = (model.new_cache(prompt.shape[0], prompt.shape[1] + new_tokens)
+             if use_cache else None)
     logits = model(prompt, 0, cache)  # the prefill
     for step in range(new_tokens):
         following = logits[:, -1].argmax(dim=-1, keepdim=True)

@@ -25,27 +25,29 @@ from torch.nn import functional as F
 
 
 def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """softmax(q k^T / sqrt(d)) v over the last two dimensions, holding all the scores."""
+    """softmax(q k^T / sqrt(d)) v over the last two
+    dimensions, holding all the scores."""
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (..., S_q, S_k)
     return torch.softmax(scores, dim=-1) @ v
 
 
 def blockwise_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                         block: int = 64) -> torch.Tensor:
-    """The same result as :func:`naive_attention`, a block of queries against a block of keys
-    at a time.
+    """The same result as :func:`naive_attention`, a block of queries
+    against a block of keys at a time.
 
-    For each block of queries it keeps, per query, the largest score seen so far ``m``, the
-    sum of exponentials ``l`` (relative to ``m``) and the weighted sum of values ``acc``. A new
-    block of keys may raise the maximum; the old sums are then rescaled by exp(m_old - m_new)
-    before the new block's terms are added (the online softmax of Milakov and Gimelshein,
-    2018, as FlashAttention uses it). At the end acc / l is the softmax-weighted sum.
+    For each block of queries it keeps, per query, the largest score seen so far
+    ``m``, the sum of exponentials ``l`` (relative to ``m``) and the weighted sum of
+    values ``acc``. A new block of keys may raise the maximum; the old sums are then
+    rescaled by exp(m_old - m_new) before the new block's terms are added (the online
+    softmax of Milakov and Gimelshein, 2018, as FlashAttention uses it). At the end
+    acc / l is the softmax-weighted sum.
 
-    ``m``, ``l`` and ``acc`` are float32 whatever the inputs' dtype, as in FlashAttention's
-    kernels: they are sums over the whole row, rescaled again at every block, and 16-bit
-    numbers (bfloat16 keeps 8 significant bits) would lose the small terms added late. The
-    scores are float32 too, as a GPU's matrix units produce them from 16-bit inputs; only the
-    result is cast back to the inputs' dtype.
+    ``m``, ``l`` and ``acc`` are float32 whatever the inputs' dtype, as in
+    FlashAttention's kernels: they are sums over the whole row, rescaled again at every
+    block, and 16-bit numbers (bfloat16 keeps 8 significant bits) would lose the small
+    terms added late. The scores are float32 too, as a GPU's matrix units produce them
+    from 16-bit inputs; only the result is cast back to the inputs' dtype.
     """
     if block < 1:
         raise ValueError(f"block must be at least 1, got {block}")
@@ -58,7 +60,8 @@ def blockwise_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         l = torch.zeros_like(m)
         acc = torch.zeros(*qb.shape[:-1], v.shape[-1], dtype=stats, device=q.device)
         for ks in range(0, k.shape[-2], block):
-            s = qb @ k[..., ks:ks + block, :].to(stats).transpose(-2, -1)  # block x block
+            # block x block
+            s = qb @ k[..., ks:ks + block, :].to(stats).transpose(-2, -1)
             m_new = torch.maximum(m, s.amax(dim=-1))
             p = torch.exp(s - m_new.unsqueeze(-1))
             rescale = torch.exp(m - m_new)  # 0 for the first block, where m is -inf
@@ -169,19 +172,21 @@ def op_chain(x: torch.Tensor, n: int) -> torch.Tensor:
 
 def cuda_graphed(fn: Callable[[torch.Tensor], torch.Tensor], example: torch.Tensor,
                  warmup: int = 3) -> Callable[[torch.Tensor], torch.Tensor]:
-    """``fn`` recorded once into a CUDA graph; the returned function copies its argument into
-    the graph's input tensor, replays every recorded kernel with one launch and returns the
-    graph's output tensor (the same tensor at every call: clone it to keep a result).
+    """``fn`` recorded once into a CUDA graph; the returned function copies its
+    argument into the graph's input tensor, replays every recorded kernel with
+    one launch and returns the graph's output tensor (the same tensor at every
+    call: clone it to keep a result).
 
-    The recording runs ``fn`` on ``example``'s shape, dtype and device: call the result with
-    tensors like it. Needs a CUDA device.
+    The recording runs ``fn`` on ``example``'s shape, dtype and device: call the result
+    with tensors like it. Needs a CUDA device.
     """
     if example.device.type != "cuda":
         raise ValueError("CUDA graphs need a tensor on a CUDA device")
     static_in = example.clone()
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm up outside the graph, as the PyTorch docs advise
+    # warm up outside the graph, as the PyTorch docs advise
+    with torch.cuda.stream(side):
         for _ in range(warmup):
             fn(static_in)
     torch.cuda.current_stream().wait_stream(side)

@@ -170,8 +170,8 @@ class _CopyToGroup(torch.autograd.Function):
 
 
 class _ReduceFromGroup(torch.autograd.Function):
-    """Megatron-LM's g: forward, the partial outputs are added up (an allreduce); backward,
-    the identity, since every process holds the whole sum."""
+    """Megatron-LM's g: forward, the partial outputs are added up (an allreduce);
+    backward, the identity, since every process holds the whole sum."""
 
     @staticmethod
     def forward(ctx, x, group):
@@ -260,9 +260,9 @@ def shard(tensor: torch.Tensor, dim: int, group=None) -> torch.Tensor:
 
 
 class ColumnParallelLinear(nn.Module):
-    """This process's block of the output features of ``full`` (a block of the rows of its
-    weight and of its bias). Its input is whole on every process; with sequence parallelism
-    each process holds only its tokens, and they are all-gathered first."""
+    """This process's block of the output features of ``full`` (a block of the rows of
+    its weight and of its bias). Its input is whole on every process; with sequence
+    parallelism each process holds only its tokens, and they are all-gathered first."""
 
     def __init__(self, full: nn.Linear, group=None, sequence_parallel: bool = False):
         super().__init__()
@@ -279,10 +279,10 @@ class ColumnParallelLinear(nn.Module):
 
 
 class RowParallelLinear(nn.Module):
-    """This process's block of the input features of ``full`` (a block of the columns of its
-    weight); the partial outputs are added up over the processes, and the bias, whole on every
-    process, is added once, after the sum. With sequence parallelism the sum is a
-    reduce-scatter and each process keeps its own tokens."""
+    """This process's block of the input features of ``full`` (a block of the columns of
+    its weight); the partial outputs are added up over the processes, and the bias,
+    whole on every process, is added once, after the sum. With sequence parallelism
+    the sum is a reduce-scatter and each process keeps its own tokens."""
 
     def __init__(self, full: nn.Linear, group=None, sequence_parallel: bool = False):
         super().__init__()
@@ -373,21 +373,25 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor
     return torch.softmax(q @ k.T / math.sqrt(q.shape[-1]), dim=-1) @ v
 
 
-def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group=None) -> torch.Tensor:
-    """Attention of this process's queries over the keys and values of *all* processes, each of
-    which holds one block of the sequence. The key and value blocks travel round a ring, ``n - 1``
-    steps: in each step a process attends to the block it holds, sends it to its right
-    neighbour and receives the next from its left one. The softmax is computed online (running
-    maximum and sum, as in FlashAttention), so no process ever holds more than one remote block.
+def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   group=None) -> torch.Tensor:
+    """Attention of this process's queries over the keys and values of *all* processes,
+    each of which holds one block of the sequence. The key and value blocks travel
+    round a ring, ``n - 1`` steps: in each step a process attends to the block it
+    holds, sends it to its right neighbour and receives the next from its left one.
+    The softmax is computed online (running maximum and sum, as in FlashAttention),
+    so no process ever holds more than one remote block.
     """
     n, rank = dist.get_world_size(group), dist.get_rank(group)
-    global_rank = (lambda r: dist.get_global_rank(group, r)) if group is not None else (lambda r: r)
+    global_rank = ((lambda r: dist.get_global_rank(group, r)) if group is not None
+                   else (lambda r: r))
     right, left = global_rank((rank + 1) % n), global_rank((rank - 1) % n)
     scale = 1 / math.sqrt(q.shape[-1])
     top = torch.full((q.shape[0], 1), -math.inf, dtype=q.dtype, device=q.device)
     total = torch.zeros((q.shape[0], 1), dtype=q.dtype, device=q.device)
     out = torch.zeros_like(q)
-    block = torch.cat([k, v], dim=1).contiguous()  # one message per step: keys and values
+    # one message per step: keys and values
+    block = torch.cat([k, v], dim=1).contiguous()
     d = k.shape[1]
     for step in range(n):
         incoming = None
@@ -395,8 +399,9 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group=None
         if step < n - 1:  # start passing this block on while computing with it
             incoming = torch.empty_like(block)
             # One batch, so that NCCL posts the send and the receive together.
-            requests = dist.batch_isend_irecv([dist.P2POp(dist.isend, block, right, group),
-                                               dist.P2POp(dist.irecv, incoming, left, group)])
+            requests = dist.batch_isend_irecv(
+                [dist.P2POp(dist.isend, block, right, group),
+                 dist.P2POp(dist.irecv, incoming, left, group)])
         k_j, v_j = block[:, :d], block[:, d:]
         scores = q @ k_j.T * scale
         new_top = torch.maximum(top, scores.max(dim=1, keepdim=True).values)
@@ -431,12 +436,12 @@ def gpipe_schedule(stages: int, micro: int) -> List[List[Op]]:
 
 
 def one_f_one_b_schedule(stages: int, micro: int) -> List[List[Op]]:
-    """1F1B with a flush (PipeDream-Flush; Narayanan et al., ICML 2021), synchronous: every
-    micro-batch of the batch uses the same weights, and the weights change after the last
-    backward pass (PipeDream of 2019 was asynchronous, with several versions of the weights
-    in flight). Stage ``s`` first runs
-    ``p - s - 1`` forward passes (fewer if there are fewer micro-batches), then alternates one
-    forward and one backward pass, and ends with the backward passes left."""
+    """1F1B with a flush (PipeDream-Flush; Narayanan et al., ICML 2021), synchronous:
+    every micro-batch of the batch uses the same weights, and the weights change
+    after the last backward pass (PipeDream of 2019 was asynchronous, with several
+    versions of the weights in flight). Stage ``s`` first runs ``p - s - 1`` forward
+    passes (fewer if there are fewer micro-batches), then alternates one forward and
+    one backward pass, and ends with the backward passes left."""
     schedule = []
     for s in range(stages):
         warmup = min(stages - s - 1, micro)
@@ -537,14 +542,15 @@ def _send_of(op: Op, rank: int, world: int) -> Optional[Post]:
 def p2p_plan(ops: Sequence[Op], rank: int, world: int) -> List[List[List[Post]]]:
     """The transfers stage ``rank`` posts around its list of operations, in batches.
 
-    ``plan[k]`` holds the batches to post before operation ``k`` (for ``k > 0``, just after
-    operation ``k - 1``), ``plan[len(ops)]`` those after the last. An operation's send and the
-    next operation's receive go in one batch when they are with the same neighbour (a forward
-    pass's activations out and a gradient back from the next stage, or a gradient out and the
-    next activations in from the stage before), as Megatron-LM's ``send_forward_recv_backward``
-    and ``send_backward_recv_forward`` do: each of the two stages then posts the pair together,
-    and neither waits for the other to take its send before it posts its receive. Otherwise
-    the send goes first, in a batch of its own, then the receive.
+    ``plan[k]`` holds the batches to post before operation ``k`` (for ``k > 0``, just
+    after operation ``k - 1``), ``plan[len(ops)]`` those after the last. An operation's
+    send and the next operation's receive go in one batch when they are with the same
+    neighbour (a forward pass's activations out and a gradient back from the next stage,
+    or a gradient out and the next activations in from the stage before), as
+    Megatron-LM's ``send_forward_recv_backward`` and ``send_backward_recv_forward`` do:
+    each of the two stages then posts the pair together, and neither waits for the other
+    to take its send before it posts its receive. Otherwise the send goes first, in a
+    batch of its own, then the receive.
     """
     plan: List[List[List[Post]]] = [[] for _ in range(len(ops) + 1)]
     if ops and _recv_of(ops[0], rank, world):

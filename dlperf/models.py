@@ -75,7 +75,8 @@ class Residual(nn.Module):
         return F.relu(Y + (X if self.shortcut is None else self.shortcut(X)))
 
 
-def resnet18(num_classes: int = 10, in_channels: int = 1, width: int = 64) -> nn.Sequential:
+def resnet18(num_classes: int = 10, in_channels: int = 1,
+             width: int = 64) -> nn.Sequential:
     """ResNet-18 for small images: a 3x3 stem with stride 1 and no max-pooling.
 
     ``width`` is the channel count of the first stage (64 in the original); the
@@ -86,8 +87,10 @@ def resnet18(num_classes: int = 10, in_channels: int = 1, width: int = 64) -> nn
               nn.BatchNorm2d(width), nn.ReLU()]
     channels = width
     for stage, out_channels in enumerate(widths):
-        stride = 1 if stage == 0 else 2  # every stage after the first halves the resolution
-        layers += [Residual(channels, out_channels, stride), Residual(out_channels, out_channels)]
+        # every stage after the first halves the resolution
+        stride = 1 if stage == 0 else 2
+        layers += [Residual(channels, out_channels, stride),
+                   Residual(out_channels, out_channels)]
         channels = out_channels
     layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(channels, num_classes)]
     return nn.Sequential(*layers)
@@ -106,8 +109,8 @@ def init_resnet(net: nn.Module, seed: Optional[int] = 0) -> nn.Module:
     for name, module in net.named_modules():
         lazy = isinstance(module, nn.modules.lazy.LazyModuleMixin)
         if lazy and module.has_uninitialized_params():
-            raise ValueError(f"layer {name!r} is lazy and has no weights yet: run a forward "
-                             "pass with a dummy batch before initializing")
+            raise ValueError(f"layer {name!r} is lazy and has no weights yet: run a "
+                             "forward pass with a dummy batch before initializing")
         if isinstance(module, nn.Conv2d):
             nn.init.kaiming_normal_(module.weight, nonlinearity="relu")
             if module.bias is not None:

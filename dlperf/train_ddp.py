@@ -67,7 +67,8 @@ def setup(device_choice: str):
     """Join the process group torchrun prepared; NCCL for GPUs, gloo for CPUs."""
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ["LOCAL_RANK"])
-    use_cuda = torch.cuda.is_available() if device_choice == "auto" else device_choice == "cuda"
+    use_cuda = (torch.cuda.is_available() if device_choice == "auto"
+                else device_choice == "cuda")
     if use_cuda:
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
@@ -76,7 +77,8 @@ def setup(device_choice: str):
         device = torch.device("cpu")
         backend = "gloo"
         if os.path.exists("/sys/class/net/lo"):
-            os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # stay on the loopback interface
+            # stay on the loopback interface
+            os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     dist.init_process_group(backend, timeout=timedelta(seconds=120),
                             device_id=device if use_cuda else None)
     return rank, world_size, device, backend
@@ -122,7 +124,8 @@ def main(argv=None) -> None:
         # Share the cores out instead of every process using all of them.
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
 
-    # Rank 0 first: it may have to write the data files; the others read them afterwards.
+    # Rank 0 first: it may have to write the data files;
+    # the others read them afterwards.
     if rank == 0:
         data = dlperf.fashion_mnist(verbose=True)
     dist.barrier()
@@ -133,22 +136,27 @@ def main(argv=None) -> None:
         train_set = Subset(train_set, range(args.max_train))
     if args.max_test is not None and args.max_test < len(test_set):
         test_set = Subset(test_set, range(args.max_test))
-    sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank, shuffle=True,
+    sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank,
+                                 shuffle=True,
                                  seed=args.seed)
     per_process_batch = args.batch_size // world_size
-    # Batches in pinned (page-locked) host memory can be copied to a GPU asynchronously;
-    # from ordinary memory, non_blocking=True below would change nothing. No GPU, no pinning.
+    # Batches in pinned (page-locked) host memory can be copied to a GPU
+    # asynchronously; from ordinary memory, non_blocking=True below would
+    # change nothing. No GPU, no pinning.
     pin = device.type == "cuda"
-    # With a GPU, two worker processes decode and convert the images while the GPU trains;
-    # without one, they would only take cores from the training processes.
+    # With a GPU, two worker processes decode and convert the images while the GPU
+    # trains; without one, they would only take cores from the training processes.
     workers = 2 if device.type == "cuda" else 0
-    train_loader = DataLoader(train_set, per_process_batch, sampler=sampler, pin_memory=pin,
+    train_loader = DataLoader(train_set, per_process_batch, sampler=sampler,
+                              pin_memory=pin,
                               num_workers=workers, persistent_workers=workers > 0)
-    test_loader = DataLoader(test_shard(test_set, rank, world_size), 256, pin_memory=pin)
+    test_loader = DataLoader(test_shard(test_set, rank, world_size), 256,
+                             pin_memory=pin)
 
     # A fresh model, initialized explicitly and identically on every rank (same seed);
     # DDP would also copy rank 0's weights to the others when it wraps the model.
-    model = init_resnet(resnet18(num_classes=10, in_channels=1, width=args.width), seed=args.seed)
+    model = init_resnet(resnet18(num_classes=10, in_channels=1, width=args.width),
+                        seed=args.seed)
     model = model.to(device)
     device_ids = [device.index] if device.type == "cuda" else None  # None: CPU
     ddp = DistributedDataParallel(model, device_ids=device_ids)
@@ -156,17 +164,19 @@ def main(argv=None) -> None:
 
     if rank == 0:
         processes = f"{world_size} process" + ("es" if world_size > 1 else "")
-        print(f"{processes}, backend {backend}, each on {dlperf.describe(device)}; "
-              f"ResNet-18 width {args.width} ({parameter_count(model):,} parameters); "
-              f"global batch {args.batch_size} = {world_size} x {per_process_batch}; "
-              f"{len(train_set)} training / {len(test_set)} test images", flush=True)
+        print(f"{processes}, backend {backend}, each on {dlperf.describe(device)};")
+        print(f"ResNet-18 width {args.width} ({parameter_count(model):,} parameters); "
+              f"global batch {args.batch_size} = {world_size} x {per_process_batch};")
+        print(f"{len(train_set)} training / {len(test_set)} test images", flush=True)
     history = {"test_acc": [], "train_loss": [], "seconds": []}
     for epoch in range(args.epochs):
-        sampler.set_epoch(epoch)  # a different shuffle every epoch, the same on every rank
+        # a different shuffle every epoch, the same on every rank
+        sampler.set_epoch(epoch)
         dist.barrier()
         start = time.perf_counter()
         loss_sum = torch.zeros((), dtype=torch.float64, device=device)  # on the device
-        examples = 0  # on the host, which knows every batch's size without asking the device
+        # on the host, which knows every batch's size without asking the device
+        examples = 0
         for X, y in train_loader:
             X, y = X.to(device, non_blocking=True), y.to(device, non_blocking=True)
             loss = F.cross_entropy(ddp(X), y)
@@ -180,14 +190,16 @@ def main(argv=None) -> None:
         dlperf.synchronize(device)
         dist.barrier()
         seconds = time.perf_counter() - start
-        totals = torch.stack([loss_sum, loss_sum.new_tensor(examples)])  # once per epoch
+        # once per epoch
+        totals = torch.stack([loss_sum, loss_sum.new_tensor(examples)])
         dist.all_reduce(totals)
-        # Batch-norm running statistics are buffers, not parameters: each rank updated its
-        # own in the last forward pass. DDP copies rank 0's buffers to the others at the
-        # start of every forward; do the same before evaluating, so all ranks agree.
+        # Batch-norm running statistics are buffers, not parameters: each rank updated
+        # its own in the last forward pass. DDP copies rank 0's buffers to the others at
+        # the start of every forward; do the same before evaluating, so all ranks agree.
         for buffer in model.buffers():
             dist.broadcast(buffer, src=0)
-        # Evaluate the wrapped model itself: DDP's forward would talk to the other ranks.
+        # Evaluate the wrapped model itself: DDP's forward
+        # would talk to the other ranks.
         accuracy = evaluate(model, test_loader, device)
         history["test_acc"].append(accuracy)
         history["train_loss"].append(float(totals[0] / totals[1]))
@@ -200,15 +212,18 @@ def main(argv=None) -> None:
     dist.all_gather_object(checksums, checksum(model))
     if rank == 0:
         result = {
-            "world_size": world_size, "backend": backend, "device": dlperf.describe(device),
+            "world_size": world_size, "backend": backend,
+            "device": dlperf.describe(device),
             "data": data.describe(), "synthetic": data.synthetic,
-            "parameters": parameter_count(model), "per_process_batch": per_process_batch,
+            "parameters": parameter_count(model),
+            "per_process_batch": per_process_batch,
             "args": vars(args), **history, "checksums": checksums,
         }
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)
-    # Free DDP's reducer, and let every rank arrive, before destroying the group: on PyTorch
-    # 2.11, destroying it under a live DDP model sometimes aborted the processes at exit.
+    # Free DDP's reducer, and let every rank arrive, before destroying the
+    # group: on PyTorch 2.11, destroying it under a live DDP model sometimes
+    # aborted the processes at exit.
     del ddp, optimizer
     dist.barrier()
     dist.destroy_process_group()

@@ -54,8 +54,8 @@ def test_the_meta_device_counts_a_gpt2_shape(page):
     assert values["meta_rule_verdict"].strip("'") == "agreed exactly"
     # GPT-2 small's layer shape with an untied head: 12 blocks of 12 d^2, and the head d V
     blocks, head = 12 * 12 * 768**2, 768 * 50257
-    assert (f"{blocks + head:,} weights in matrix products, {head:,} (31%) of them in the head; "
-            f"{blocks:,} without it") in text
+    assert (f"{blocks + head:,} weights in matrix products, {head:,} (31%) of them in the "
+            f"head;\n{blocks:,} without it") in text
     assert number(values, "gpt2_head_millions") == pytest.approx(head / 1e6)
     assert number(values, "gpt2_head_pct") == pytest.approx(100 * head / (blocks + head))
     assert "(0.0, " not in text  # the axis limits are not printed

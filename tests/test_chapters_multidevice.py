@@ -38,7 +38,8 @@ def test_multiple_gpus_from_scratch(page_outputs):
     assert number(values, "tp_difference") < 1e-5 and number(values, "column_difference") < 1e-5
     assert number(values, "tp_exchanges") == number(values, "tp_layers") / 2 == 2
     assert number(values, "column_exchanges") == number(values, "tp_layers") == 4
-    assert "Megatron-LM pairs: 4 layers on 2 devices, 2 exchanges (allreduce of 128, " in text
+    assert ("Megatron-LM pairs: 4 layers on 2 devices, 2 exchanges (numbers per device):\n"
+            "  allreduce of 128, ") in text
 
 
 def test_multiple_gpus_concise(page_outputs):
