@@ -69,9 +69,10 @@ def included_code(path: Path):
         options = dict(_OPTION.match(line).groups() for line in found.group(2).splitlines())
         lines = source.read_text().splitlines()
         if "pyobject" in options:
-            tree = ast.parse("\n".join(lines))
-            node = next(n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))
-                        and n.name == options["pyobject"])
+            node = ast.parse("\n".join(lines))
+            for name in options["pyobject"].split("."):  # Sphinx's Class.method form too
+                node = next(n for n in node.body if isinstance(
+                    n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.name == name)
             first = node.decorator_list[0].lineno if node.decorator_list else node.lineno
             last = node.end_lineno
         else:
