@@ -30,8 +30,11 @@ from .utilization import ring_allreduce_seconds
 @dataclass(frozen=True)
 class Transformer:
     """A GPT-style decoder: ``layers`` blocks of width ``width``, a context of ``seq``
-    tokens. ``experts > 1`` makes every block's MLP a mixture of ``experts`` MLPs of
-    which each token uses ``top_k``."""
+    tokens. Its MLP has a hidden size of ``ffn`` (4 times the width unless given), with
+    a third matrix if ``gated`` (SwiGLU); its attention has ``kv_heads`` key and value
+    heads (``heads`` unless given: grouped-query attention when fewer). ``experts > 1``
+    makes every block's MLP a mixture of ``experts`` MLPs of which each token uses
+    ``top_k``."""
     name: str
     layers: int
     width: int
@@ -41,12 +44,28 @@ class Transformer:
     experts: int = 1
     top_k: int = 1
     tied_embeddings: bool = True  # the output layer reuses the token embedding
+    kv_heads: int = 0
+    ffn: int = 0
+    gated: bool = False
+    learned_positions: bool = True  # a table of position embeddings (not RoPE)
+
+    @property
+    def kv_share(self) -> float:
+        """Key and value heads over query heads: 1 for multi-head attention."""
+        return (self.kv_heads or self.heads) / self.heads
+
+    @property
+    def _mlp(self) -> float:
+        """Weights of one MLP: 8h^2 for the plain 4h one."""
+        return (3 if self.gated else 2) * self.width * (self.ffn or 4 * self.width)
 
     def _per_layer(self, mlps: int) -> float:
         h = self.width
         router = h * self.experts if self.experts > 1 else 0
-        # attention 4h^2, each MLP 8h^2, biases and norms 13h (Narayanan et al. 2021, eq. 2)
-        return 4 * h * h + 8 * h * h * mlps + 13 * h + router
+        # attention 4h^2 (less with fewer key and value heads), each MLP 8h^2, biases and
+        # norms 13h (Narayanan et al. 2021, eq. 2)
+        attention = 2 * h * h + 2 * h * h * self.kv_share
+        return attention + self._mlp * mlps + 13 * h + router
 
     @property
     def parameters(self) -> float:
@@ -59,7 +78,7 @@ class Transformer:
         """The parameters of the MLPs that expert parallelism spreads out (0 if dense)."""
         if self.experts == 1:
             return 0.0
-        return self.layers * 8 * self.width ** 2 * self.experts
+        return self.layers * self._mlp * self.experts
 
     @property
     def active_parameters(self) -> float:
@@ -69,7 +88,8 @@ class Transformer:
     @property
     def _embeddings(self) -> float:
         tables = 1 if self.tied_embeddings else 2
-        return (tables * self.vocab + self.seq) * self.width
+        positions = self.seq if self.learned_positions else 0
+        return (tables * self.vocab + positions) * self.width
 
     def flops_per_token(self, recompute: bool = False) -> float:
         """Matrix-product FLOPs of one training step, per token: forward, backward (twice the
@@ -78,7 +98,7 @@ class Transformer:
         this is Narayanan et al.'s eq. 3 divided by the tokens, 96 l h^2 (1 + s/6h +
         V/16lh) with recomputation, 72 l h^2 (1 + s/6h + V/12lh) without."""
         h = self.width
-        block = 2 * (4 * h * h + 8 * h * h * self.top_k) + 4 * self.seq * h
+        block = 2 * (self._per_layer(self.top_k) - 13 * h) + 4 * self.seq * h
         passes = 4 if recompute else 3
         return self.layers * block * passes + 3 * 2 * h * self.vocab
 
@@ -135,6 +155,7 @@ class Layout:
     zero: int = 0
     micro_batch: int = 1
     recompute: bool = False
+    virtual_stages: int = 1  # interleaved 1F1B: this many chunks of blocks per GPU
 
     @property
     def gpus(self) -> int:
@@ -150,19 +171,30 @@ class Layout:
 
 
 # ---------------------------------------------------------------- memory
+def stage_blocks(model: Transformer, stages: int) -> int:
+    """Blocks on the busiest pipeline stage: the layers shared out as evenly as whole
+    blocks allow."""
+    return math.ceil(model.layers / stages)
+
+
 def activation_bytes(model: Transformer, layout: Layout, precision: Precision = MIXED_ADAM
                      ) -> float:
     """Activations one block keeps for its backward pass, per micro-batch on one GPU
-    (Korthikanti et al. 2023: sbh (34 + 5as/h) bytes with 16-bit values). Attention is
-    taken to be fused, so the 5as/h of score matrices is never stored; a mixture's MLP
-    keeps its 19 sbh once per chosen expert. Tensor parallelism runs with sequence
+    (Korthikanti et al. 2023: sbh (34 + 5as/h) bytes with 16-bit values: 4 for the norms,
+    11 for attention, 19 for the MLP). Attention is taken to be fused, so the 5as/h of
+    score matrices is never stored; fewer key and value heads shrink their 4 of the 11;
+    the MLP's 16 in its hidden layer scale with its size and by 3/2 if gated, and a
+    mixture keeps them once per chosen expert. Tensor parallelism runs with sequence
     parallelism, so every term is split ``tp`` ways; context parallelism splits s. With
     ``recompute`` a block keeps only its input."""
     s = model.seq / layout.cp
     sbh = s * layout.micro_batch * model.width * precision.activation / 2
     if layout.recompute:
         return 2 * sbh / layout.tp
-    return (15 + 19 * model.top_k) * sbh / layout.tp
+    hidden = 16 * (model.ffn or 4 * model.width) / (4 * model.width)
+    mlp = 3 + hidden * (1.5 if model.gated else 1)
+    attention = 7 + 4 * model.kv_share
+    return (4 + attention + mlp * model.top_k) * sbh / layout.tp
 
 
 def state_bytes(parameters: float, shards: int, zero: int, precision: Precision) -> float:
@@ -186,7 +218,7 @@ def memory_per_gpu(model: Transformer, layout: Layout, batch: int,
     micro = batch // (layout.dp * layout.micro_batch)
     in_flight = min(layout.pp, micro)  # 1F1B: the first stage holds pp micro-batches
     per_block = activation_bytes(model, layout, precision)
-    activations = model.layers / layout.pp * per_block * in_flight
+    activations = stage_blocks(model, layout.pp) * per_block * in_flight
     if layout.recompute:  # the block being recomputed holds all of its activations
         whole = replace(layout, recompute=False)
         activations += activation_bytes(model, whole, precision)
@@ -207,8 +239,11 @@ def step_time(model: Transformer, layout: Layout, cluster: Cluster, batch: int,
     alpha, rate = cluster.latency, cluster.peak_flops * cluster.efficiency
     micro = batch // (dp * layout.micro_batch)
     tokens = layout.micro_batch * model.seq  # of one micro-batch, before cp splits them
-    compute = model.flops_per_token(layout.recompute) * tokens / (tp * pp * cp) / rate
-    blocks = model.layers / pp
+    blocks = stage_blocks(model, pp)
+    # the busiest stage sets the pace: its share of the blocks, not an even 1/pp
+    busiest = blocks * pp / model.layers
+    compute = (model.flops_per_token(layout.recompute) * tokens / (tp * pp * cp) / rate
+               * busiest)
 
     # tensor parallel: 2 all-gathers and 2 reduce-scatters of the block's activations
     # forward, as many backward, and 2 more in a recomputed forward; on the critical path
@@ -218,7 +253,7 @@ def step_time(model: Transformer, layout: Layout, cluster: Cluster, batch: int,
 
     # context parallel: keys and values go round the ring, forward and (with their
     # gradients) backward; it overlaps the attention's own arithmetic
-    kv = 2 * tokens / cp * model.width / tp * precision.activation
+    kv = 2 * tokens / cp * model.width * model.kv_share / tp * precision.activation
     ring = 3 * (cp - 1) * (alpha + kv / cluster.bandwidth(cp, tp))
     attention = 3 * 4 * model.seq * model.width * tokens / cp / tp / rate
     context = blocks * max(0.0, ring - attention)
@@ -231,10 +266,15 @@ def step_time(model: Transformer, layout: Layout, cluster: Cluster, batch: int,
 
     # pipeline: each stage boundary passes activations forward and their gradient back
     boundary = act / tp
-    hop = (2 * (alpha + boundary / cluster.bandwidth(2, tp * cp * dp))) if pp > 1 else 0.0
+    v = layout.virtual_stages  # a micro-batch crosses v times as many boundaries
+    hop = (2 * v * (alpha + boundary / cluster.bandwidth(2, tp * cp * dp))
+           if pp > 1 else 0.0)
 
     stage = compute + tensor + context + experts + hop
-    pipeline = (micro + pp - 1) * stage  # 1F1B: the bubble is (pp - 1) micro-batch steps
+    # 1F1B: the bubble is (pp - 1) micro-batch steps, v times fewer when interleaved
+    # (Narayanan et al. 2021, section 2.2.2)
+    bubble = (pp - 1) / v * stage
+    pipeline = micro * stage + bubble
 
     # data parallel: the gradients of this GPU's parameters are reduced while the last
     # micro-batch's backward pass runs; ZeRO-1 and 2 reduce-scatter them there and gather
@@ -258,7 +298,7 @@ def step_time(model: Transformer, layout: Layout, cluster: Cluster, batch: int,
     else:
         data = max(0.0, reduce - compute * 2 / 3)
     total = pipeline + data
-    return {"compute": micro * compute, "bubble": (pp - 1) * stage,
+    return {"compute": micro * compute, "bubble": bubble,
             "tensor": micro * tensor, "context": micro * context, "experts": micro * experts,
             "pipeline p2p": micro * hop, "data": data, "total": total}
 
@@ -280,8 +320,11 @@ def why_not(model: Transformer, layout: Layout, cluster: Cluster, batch: int) ->
         return f"it uses {layout.gpus} GPUs, the cluster has {cluster.gpus}"
     if model.heads % layout.tp:
         return f"{model.heads} heads do not split evenly over tp = {layout.tp}"
-    if model.layers % layout.pp:
-        return f"{model.layers} layers do not split evenly over pp = {layout.pp}"
+    if layout.pp > model.layers:
+        return f"{model.layers} layers cannot fill pp = {layout.pp} stages"
+    if layout.virtual_stages > stage_blocks(model, layout.pp):
+        return (f"{stage_blocks(model, layout.pp)} blocks per stage cannot make "
+                f"{layout.virtual_stages} virtual stages")
     if model.seq % layout.cp:
         return f"{model.seq} tokens do not split evenly over cp = {layout.cp}"
     if batch % (layout.dp * layout.micro_batch):

@@ -395,6 +395,15 @@ CLAIMS = [
                 if v["megatron_high_share"] < 100 else
                 "at least one run reached more than the bound, so the model misses a cost "
                 "it overstates"), False),
+    ("chapters/parallel-layout", "llama_bound_verdict",
+     lambda v: (f"every layout reached less than the bound, between "
+                f"{v['llama_low_share']:.0f}% and {v['llama_high_share']:.0f}% of it"
+                if v["llama_high_share"] < 100 else
+                "at least one layout reached more than the bound, so the model misses a "
+                "cost it overstates"), False),
+    ("chapters/parallel-layout", "llama_memory_verdict",
+     lambda v: ("within the 80 GB of an H100" if v["llama_memory_max"] <= 80
+                else "more than the 80 GB of an H100"), False),
     ("chapters/parallel-layout", "small_step_verdict", _pl_small_step, False),
     ("chapters/parallel-layout", "zero_balance_verdict",
      lambda v: ("within 5% of an even split" if abs(v["zero_largest_share"] - 1) <= 0.05

@@ -81,8 +81,10 @@ def test_experts_spread_over_expert_parallel_ranks():
 
 def test_a_layout_that_cannot_run_says_why():
     model = pl.Transformer("gpt", 24, 2304, 24, seq=2048, vocab=51200)
-    with pytest.raises(ValueError, match="do not split evenly over pp = 5"):
-        pl.estimate(model, pl.Layout(dp=4, pp=5), selene(20), 512)
+    with pytest.raises(ValueError, match="24 layers cannot fill pp = 32"):
+        pl.estimate(model, pl.Layout(pp=32), selene(32), 512)
+    with pytest.raises(ValueError, match="cannot make 4 virtual stages"):
+        pl.estimate(model, pl.Layout(dp=4, pp=8, virtual_stages=4), selene(32), 512)
     with pytest.raises(ValueError, match="the cluster has 32"):
         pl.estimate(model, pl.Layout(dp=16), selene(32), 512)
     with pytest.raises(ValueError, match="micro-batches of 3"):
@@ -128,3 +130,28 @@ def test_the_page_reproduces_the_published_counts(page_outputs):
     assert number(values, "plan_146b_fits") > 0
     assert not math.isnan(number(values, "plan_65b_best_mfu"))
     assert "layouts fit" in text and "M parameters as the planner counts them" in text
+
+
+def test_grouped_query_and_gated_models_count_their_own_matrices():
+    llama = pl.Transformer("Llama 3 405B", 126, 16384, 128, seq=8192, vocab=128000,
+                           tied_embeddings=False, kv_heads=8, ffn=53248, gated=True,
+                           learned_positions=False)
+    h = 16384
+    block = 2 * h * h + 2 * h * h / 16 + 3 * h * 53248 + 13 * h
+    assert llama.parameters == 126 * block + 2 * 128000 * h
+    assert 405e9 < llama.parameters < 407e9  # "405B" in the paper
+    # fewer key and value heads: their 4 of attention's 11 sbh shrink 16-fold; the
+    # gated MLP's hidden 16 sbh grow with its size and by 3/2
+    sbh = 8192 * h
+    expected = 4 + 7 + 4 / 16 + 3 + 16 * 53248 / (4 * h) * 1.5
+    assert pl.activation_bytes(llama, pl.Layout()) == pytest.approx(expected * sbh)
+    # interleaving divides the bubble by the virtual stages, and sends across v times
+    # as many stage boundaries
+    cluster = pl.Cluster("H100s", 8192, 8, 80e9, 989e12, 450e9, 50e9)
+    plain = pl.step_time(llama, pl.Layout(dp=64, tp=8, pp=16), cluster, 2048)
+    chunked = pl.step_time(llama, pl.Layout(dp=64, tp=8, pp=16, virtual_stages=8),
+                           cluster, 2048)
+    assert chunked["pipeline p2p"] == pytest.approx(8 * plain["pipeline p2p"])
+    hops = chunked["pipeline p2p"] - plain["pipeline p2p"]
+    stage_growth = 1 + hops / (plain["total"] - plain["bubble"] - plain["data"])
+    assert chunked["bubble"] == pytest.approx(plain["bubble"] / 8 * stage_growth)
