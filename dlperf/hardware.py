@@ -438,6 +438,36 @@ def memory_bytes(dev=None) -> Optional[int]:
         return None
 
 
+def pointer_chain(size_bytes: int, seed: int = 0):
+    """A random cycle through an array of ``size_bytes`` of int64: ``chain[i]`` is the
+    index that follows ``i``, and following it from anywhere visits every element once
+    before it returns (a random order, so no prefetcher can guess the next address)."""
+    import numpy as np
+
+    n = max(2, size_bytes // 8)
+    order = np.random.default_rng(seed).permutation(n)
+    chain = np.empty(n, dtype=np.int64)
+    chain[order] = np.roll(order, -1)
+    return chain
+
+
+def chase_ns(chain, steps: int, repeat: int = 3) -> float:
+    """Nanoseconds per step of following ``chain`` for ``steps`` steps, the fastest of
+    ``repeat`` runs. Each load needs the one before it, so the loads cannot overlap: a
+    step costs the latency of wherever the element lives, plus the interpreter's own
+    fixed cost per step, which a small chain that stays in L1 measures alone."""
+    import time
+
+    best = float("inf")
+    for _ in range(repeat):
+        i = 0
+        start = time.perf_counter()
+        for _ in range(steps):
+            i = chain[i]
+        best = min(best, time.perf_counter() - start)
+    return best / steps * 1e9
+
+
 def largest_drop(sizes: List[int], rates: List[float]):
     """Where a throughput curve falls most between neighbouring working sets.
 

@@ -413,6 +413,15 @@ CLAIMS = [
     ("chapters/auto-parallelism", "lane_verdict", _lanes, False),
     ("chapters/auto-parallelism", "threads_verdict", _threads, False),
     ("chapters/auto-parallelism", "pipeline_verdict", _pipeline, False),
+    ("chapters/hardware", "latency_verdict",
+     lambda v: ("more than twice the typical figure: a step that misses the caches here "
+                "can also miss the TLB, the cache of address translations, and walk the "
+                "page tables, which the typical figure leaves out"
+                if v["latency_ratio"] > 2 else
+                "within a factor of two of the typical figure"
+                if v["latency_ratio"] >= 0.5 else
+                "less than half the typical figure: part of the chain must have stayed "
+                "in a cache"), False),
     ("chapters/hardware", "peak_verdict", _peak, False),
     ("chapters/hardware", "smallest_verdict",
      lambda v: "reached only" if v["smallest_share"] < 90 else "already reached", False),

@@ -1,6 +1,7 @@
 """dlperf.hardware: quoted numbers keep their sources, peaks are looked up or honestly unknown."""
 import os
 
+import numpy as np
 import pytest
 import torch
 
@@ -204,3 +205,15 @@ def test_largest_drop_and_the_cache_nearest_to_it():
     assert hardware.nearest_cache(2**11, 2**12, caches) == ("L1d", 2**11, 1.0)
     assert hardware.nearest_cache(2**18, 2**19, caches) == ("L2", 2**20, 2.0)
     assert hardware.nearest_cache(2**12, 2**13, {}) is None
+
+
+def test_a_pointer_chain_is_one_random_cycle_through_every_element():
+    chain = hardware.pointer_chain(8 * 1000, seed=3)
+    assert len(chain) == 1000
+    seen, i = set(), 0
+    for _ in range(1000):
+        seen.add(i)
+        i = int(chain[i])
+    assert i == 0 and len(seen) == 1000  # back at the start after visiting all
+    assert (chain != (np.arange(1000) + 1) % 1000).any()  # not the sequential order
+    assert hardware.chase_ns(chain, 1000, repeat=2) > 0
