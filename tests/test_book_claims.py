@@ -90,6 +90,31 @@ def _call_gap(excess, noise):
     return rule
 
 
+def _speedup_against_ideal(v):
+    """multiple-gpus-concise: the speedup of N processes over one, fastest epochs after the
+    first, against 1 and against the ideal N, with a margin of 10% or, when wider, the spread
+    of the epoch times (slowest over fastest after the first, the larger of the two runs')."""
+    band = max(0.10, v["ddp_spread_pct"] / 100)
+    assert v["ddp_band_pct"] == pytest.approx(100 * band)
+    s, ideal, margin = v["ddp_speedup"], v["ddp_nproc"], f"the {100 * band:.0f}% margin"
+    near_ideal = ideal / (1 + band) <= s <= ideal * (1 + band)
+    near_one = 1 / (1 + band) < s < 1 + band
+    if s > ideal * (1 + band):
+        return (f"more than the ideal of {ideal} by over {margin}: the one-process run lost "
+                "time to something the processes did not share, such as other programs on "
+                "the machine")
+    if near_ideal and near_one:
+        return (f"within {margin} of both 1 and the ideal of {ideal}, so the epoch times "
+                "varied too much to tell how much the processes gained")
+    if near_ideal:
+        return f"close to the ideal of {ideal}, within {margin}"
+    if s >= 1 + band:
+        return f"a gain, short of the ideal of {ideal} by more than {margin}"
+    if near_one:
+        return f"no gain beyond {margin}"
+    return f"a loss beyond {margin}: the processes together were slower than one"
+
+
 def _inf_decode(v):
     """inference: a decode step against one read of the weights at the streaming bandwidth."""
     r = v["decode_vs_weights"]
@@ -418,6 +443,7 @@ CLAIMS = [
      lambda v: ("one and the same checksum, so they hold the very same model, bit for bit"
                 if v["ddp_distinct"] == 1
                 else f"{v['ddp_distinct']} different checksums, so their weights differ"), False),
+    ("chapters/multiple-gpus-concise", "ddp_speedup_verdict", _speedup_against_ideal, False),
     ("chapters/performance-model", "ridge_verdict", _pm_ridge, False),
     *[(_PM, f"{key}_roof_verdict", _pm_roof(key), False) for key in _PM_POINTS],
     *[(_PM, f"{key}_side_verdict", _pm_side(f"{key}_point_intensity"), False)
@@ -1033,6 +1059,13 @@ def test_the_rules_catch_a_verdict_that_disagrees():
     cpu = {"item_alone_us": 2.7, "item_excess_us": 15.6, "logging_device": "CPU: AMD EPYC"}
     assert gap({**cpu, "noise_step_us": 14.7}).startswith("no more than")
     assert "does not show why" in gap({**cpu, "noise_step_us": 5.0})
+    # multiple-gpus-concise once showed a DDP speedup of 1.04 against an ideal of 2, unjudged
+    ddp = {"ddp_nproc": 2, "ddp_spread_pct": 3.0, "ddp_band_pct": 10.0}
+    assert _speedup_against_ideal({**ddp, "ddp_speedup": 1.04}).startswith("no gain")
+    assert _speedup_against_ideal({**ddp, "ddp_speedup": 1.60}).startswith("a gain, short")
+    assert _speedup_against_ideal({**ddp, "ddp_speedup": 1.90}).startswith("close to the ideal")
+    noisy = {**ddp, "ddp_spread_pct": 50.0, "ddp_band_pct": 50.0, "ddp_speedup": 1.40}
+    assert _speedup_against_ideal(noisy).startswith("within the 50% margin of both")
     derived = {"peak_basis": "reported clock", "peak_ghz": 2.6, "flop_per_cycle": 64.0}
     assert _peak({**derived, "peak_share": 123.0, "implied_ghz": 3.2}).startswith("exceeded")
     assert "2.60 GHz that /proc/cpuinfo reports" in _peak({**derived, "peak_share": 123.0,
