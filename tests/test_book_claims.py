@@ -118,6 +118,42 @@ def _speedup_against_ideal(v):
     return f"a loss beyond {margin}: the processes together were slower than one"
 
 
+def _time_ratio(v):
+    """multiple-gpus: two devices' fastest epoch over one's, against 1 and against the ideal,
+    0.5 on two real devices and 1 on virtual ones, with a margin of 10% or, when wider, the
+    spread of the epoch times after the first (slowest over fastest, the larger of the runs')."""
+    band = max(0.10, v["time_spread_pct"] / 100)
+    assert v["time_band_pct"] == pytest.approx(100 * band)
+    r, margin = v["time_ratio"], f"the {100 * band:.0f}% margin"
+    if v["virtual_devices"]:
+        if r < 1 / (1 + band):
+            return (f"shorter than on one device by more than {margin}, which shared hardware "
+                    "cannot owe to a second device: the half-size shards suited the caches "
+                    "better, or other programs slowed the one-device run")
+        if r <= 1 + band:
+            return (f"about the same as on one device, within {margin}, which is the best two "
+                    "virtual devices can do")
+        return (f"longer than on one device by more than {margin}: the copies, the allreduce "
+                "and the half-size shards cost time on top of the same arithmetic")
+    if r < 0.5 / (1 + band):
+        return (f"below the ideal of 0.5 by more than {margin}: the one-device run lost time "
+                "to something the two devices did not share, such as other programs on the "
+                "machine")
+    near_ideal, near_one = r <= 0.5 * (1 + band), 1 / (1 + band) < r < 1 + band
+    if near_ideal and near_one:
+        return (f"within {margin} of both 1 and the ideal of 0.5, so the epoch times varied "
+                "too much to tell what the second device gained")
+    if near_ideal:
+        return f"close to the ideal of 0.5, within {margin}"
+    if r <= 1 / (1 + band):
+        return f"shorter than on one device, but longer than the ideal of 0.5 by more than {margin}"
+    if near_one:
+        return (f"no shorter than on one device beyond {margin}: the second device gained "
+                "nothing measurable")
+    return (f"longer than on one device by more than {margin}: the copies, the allreduce and "
+            "launching kernels for two devices cost more than the second device saved")
+
+
 def _inf_decode(v):
     """inference: a decode step against one read of the weights at the streaming bandwidth."""
     r = v["decode_vs_weights"]
@@ -442,6 +478,7 @@ CLAIMS = [
     ("chapters/multiple-gpus", "growth_verdict",
      lambda v: ("had grown to" if v["final_difference"] > v["step_difference"] else "was still"),
      False),
+    ("chapters/multiple-gpus", "time_ratio_verdict", _time_ratio, False),
     ("chapters/multiple-gpus-concise", "ddp_checksum_verdict",
      lambda v: ("one and the same checksum, so they hold the very same model, bit for bit"
                 if v["ddp_distinct"] == 1
@@ -1074,6 +1111,16 @@ def test_the_rules_catch_a_verdict_that_disagrees():
     assert _speedup_against_ideal({**ddp, "ddp_speedup": 1.90}).startswith("close to the ideal")
     noisy = {**ddp, "ddp_spread_pct": 50.0, "ddp_band_pct": 50.0, "ddp_speedup": 1.40}
     assert _speedup_against_ideal(noisy).startswith("within the 50% margin of both")
+    # multiple-gpus once quoted its time ratio unjudged, from the fastest epochs alone
+    two = {"virtual_devices": False, "time_spread_pct": 4.0, "time_band_pct": 10.0}
+    assert _time_ratio({**two, "time_ratio": 0.52}).startswith("close to the ideal of 0.5")
+    assert _time_ratio({**two, "time_ratio": 0.7}).startswith("shorter than on one device, but")
+    assert _time_ratio({**two, "time_ratio": 1.05}).startswith("no shorter")
+    assert _time_ratio({**two, "time_ratio": 0.7, "time_spread_pct": 60.0,
+                        "time_band_pct": 60.0}).startswith("within the 60% margin of both")
+    virtual = {**two, "virtual_devices": True}
+    assert _time_ratio({**virtual, "time_ratio": 0.8}).startswith("shorter than on one device by")
+    assert _time_ratio({**virtual, "time_ratio": 1.3}).startswith("longer")
     derived = {"peak_basis": "reported clock", "peak_ghz": 2.6, "flop_per_cycle": 64.0}
     assert _peak({**derived, "peak_share": 123.0, "implied_ghz": 3.2}).startswith("exceeded")
     assert "2.60 GHz that /proc/cpuinfo reports" in _peak({**derived, "peak_share": 123.0,
