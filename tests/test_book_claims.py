@@ -53,11 +53,14 @@ def _decomp(v):
 
 
 def _logging(v):
-    r = v["logging_ratio"]
-    if abs(r - 1) <= 0.10:
-        return "took about the same time"
-    return ("differed: the version that calls .item() every step was slower" if r > 1
-            else "differed: the version that calls .item() every step was faster")
+    """async-computation: the .item() loop over the accumulating loop, fastest runs, against
+    how far the accumulating loop and its control, the same loop timed again, lay apart."""
+    r, spread = v["logging_ratio"], v["logging_spread_pct"] / 100
+    if 1 / (1 + spread) <= r <= 1 + spread:
+        return (f"took about the same time, within the {100 * spread:.1f}% by which the "
+                "accumulating loop and its control differed")
+    return ("differed by more than the accumulating loop and its control did: the version "
+            "that calls .item() every step was " + ("slower" if r > 1 else "faster"))
 
 
 def _blockers(v):
@@ -88,6 +91,67 @@ def _call_gap(excess, noise):
         return (f"more than the call's own {alone:.1f} µs plus the {spread:.1f} µs by which "
                 f"loops doing the same work differed: {why}")
     return rule
+
+
+def _speedup_against_ideal(v):
+    """multiple-gpus-concise: the speedup of N processes over one, fastest epochs after the
+    first, against 1 and against the ideal N, with a margin of 10% or, when wider, the spread
+    of the epoch times (slowest over fastest after the first, the larger of the two runs')."""
+    band = max(0.10, v["ddp_spread_pct"] / 100)
+    assert v["ddp_band_pct"] == pytest.approx(100 * band)
+    s, ideal, margin = v["ddp_speedup"], v["ddp_nproc"], f"the {100 * band:.0f}% margin"
+    near_ideal = ideal / (1 + band) <= s <= ideal * (1 + band)
+    near_one = 1 / (1 + band) < s < 1 + band
+    if s > ideal * (1 + band):
+        return (f"more than the ideal of {ideal} by over {margin}: the one-process run lost "
+                "time to something the processes did not share, such as other programs on "
+                "the machine")
+    if near_ideal and near_one:
+        return (f"within {margin} of both 1 and the ideal of {ideal}, so the epoch times "
+                "varied too much to tell how much the processes gained")
+    if near_ideal:
+        return f"close to the ideal of {ideal}, within {margin}"
+    if s >= 1 + band:
+        return f"a gain, short of the ideal of {ideal} by more than {margin}"
+    if near_one:
+        return f"no gain beyond {margin}"
+    return f"a loss beyond {margin}: the processes together were slower than one"
+
+
+def _time_ratio(v):
+    """multiple-gpus: two devices' fastest epoch over one's, against 1 and against the ideal,
+    0.5 on two real devices and 1 on virtual ones, with a margin of 10% or, when wider, the
+    spread of the epoch times after the first (slowest over fastest, the larger of the runs')."""
+    band = max(0.10, v["time_spread_pct"] / 100)
+    assert v["time_band_pct"] == pytest.approx(100 * band)
+    r, margin = v["time_ratio"], f"the {100 * band:.0f}% margin"
+    if v["virtual_devices"]:
+        if r < 1 / (1 + band):
+            return (f"shorter than on one device by more than {margin}, which shared hardware "
+                    "cannot owe to a second device: the half-size shards suited the caches "
+                    "better, or other programs slowed the one-device run")
+        if r <= 1 + band:
+            return (f"about the same as on one device, within {margin}, which is the best two "
+                    "virtual devices can do")
+        return (f"longer than on one device by more than {margin}: the copies, the allreduce "
+                "and the half-size shards cost time on top of the same arithmetic")
+    if r < 0.5 / (1 + band):
+        return (f"below the ideal of 0.5 by more than {margin}: the one-device run lost time "
+                "to something the two devices did not share, such as other programs on the "
+                "machine")
+    near_ideal, near_one = r <= 0.5 * (1 + band), 1 / (1 + band) < r < 1 + band
+    if near_ideal and near_one:
+        return (f"within {margin} of both 1 and the ideal of 0.5, so the epoch times varied "
+                "too much to tell what the second device gained")
+    if near_ideal:
+        return f"close to the ideal of 0.5, within {margin}"
+    if r <= 1 / (1 + band):
+        return f"shorter than on one device, but longer than the ideal of 0.5 by more than {margin}"
+    if near_one:
+        return (f"no shorter than on one device beyond {margin}: the second device gained "
+                "nothing measurable")
+    return (f"longer than on one device by more than {margin}: the copies, the allreduce and "
+            "launching kernels for two devices cost more than the second device saved")
 
 
 def _inf_decode(v):
@@ -432,10 +496,12 @@ CLAIMS = [
     ("chapters/multiple-gpus", "growth_verdict",
      lambda v: ("had grown to" if v["final_difference"] > v["step_difference"] else "was still"),
      False),
+    ("chapters/multiple-gpus", "time_ratio_verdict", _time_ratio, False),
     ("chapters/multiple-gpus-concise", "ddp_checksum_verdict",
      lambda v: ("one and the same checksum, so they hold the very same model, bit for bit"
                 if v["ddp_distinct"] == 1
                 else f"{v['ddp_distinct']} different checksums, so their weights differ"), False),
+    ("chapters/multiple-gpus-concise", "ddp_speedup_verdict", _speedup_against_ideal, False),
     ("chapters/performance-model", "ridge_verdict", _pm_ridge, False),
     *[(_PM, f"{key}_roof_verdict", _pm_roof(key), False) for key in _PM_POINTS],
     *[(_PM, f"{key}_side_verdict", _pm_side(f"{key}_point_intensity"), False)
@@ -1042,7 +1108,12 @@ def test_counted_facts_hold(executed_page, page, name, rule):
 def test_the_rules_catch_a_verdict_that_disagrees():
     assert _gelu({"gelu_speedup": 5.11}) == "faster"
     assert _gelu({"gelu_speedup": 1.02}) != "faster"  # the kind of claim the review caught
-    assert _logging({"logging_ratio": 1.16}) != "took about the same time"
+    assert not _logging({"logging_ratio": 1.16, "logging_spread_pct": 3.0}).startswith("took")
+    # async-computation once judged the logging ratio against 10% while its controls differed
+    # by about as much; the controls' spread is the yardstick now
+    assert _logging({"logging_ratio": 1.08, "logging_spread_pct": 9.0}).startswith("took about")
+    assert _logging({"logging_ratio": 1.08, "logging_spread_pct": 2.0}).endswith("slower")
+    assert _logging({"logging_ratio": 0.9, "logging_spread_pct": 2.0}).endswith("faster")
     # async-computation once read a blocker's cost from noise; the controls' spread bounds it
     assert _blockers({"plain_step_us": 80.0, "noise_step_us": 30.0, "item_loop_step_us": 126.0,
                       "numpy_loop_step_us": 100.0}).startswith("only one")
@@ -1051,6 +1122,23 @@ def test_the_rules_catch_a_verdict_that_disagrees():
     cpu = {"item_alone_us": 2.7, "item_excess_us": 15.6, "logging_device": "CPU: AMD EPYC"}
     assert gap({**cpu, "noise_step_us": 14.7}).startswith("no more than")
     assert "does not show why" in gap({**cpu, "noise_step_us": 5.0})
+    # multiple-gpus-concise once showed a DDP speedup of 1.04 against an ideal of 2, unjudged
+    ddp = {"ddp_nproc": 2, "ddp_spread_pct": 3.0, "ddp_band_pct": 10.0}
+    assert _speedup_against_ideal({**ddp, "ddp_speedup": 1.04}).startswith("no gain")
+    assert _speedup_against_ideal({**ddp, "ddp_speedup": 1.60}).startswith("a gain, short")
+    assert _speedup_against_ideal({**ddp, "ddp_speedup": 1.90}).startswith("close to the ideal")
+    noisy = {**ddp, "ddp_spread_pct": 50.0, "ddp_band_pct": 50.0, "ddp_speedup": 1.40}
+    assert _speedup_against_ideal(noisy).startswith("within the 50% margin of both")
+    # multiple-gpus once quoted its time ratio unjudged, from the fastest epochs alone
+    two = {"virtual_devices": False, "time_spread_pct": 4.0, "time_band_pct": 10.0}
+    assert _time_ratio({**two, "time_ratio": 0.52}).startswith("close to the ideal of 0.5")
+    assert _time_ratio({**two, "time_ratio": 0.7}).startswith("shorter than on one device, but")
+    assert _time_ratio({**two, "time_ratio": 1.05}).startswith("no shorter")
+    assert _time_ratio({**two, "time_ratio": 0.7, "time_spread_pct": 60.0,
+                        "time_band_pct": 60.0}).startswith("within the 60% margin of both")
+    virtual = {**two, "virtual_devices": True}
+    assert _time_ratio({**virtual, "time_ratio": 0.8}).startswith("shorter than on one device by")
+    assert _time_ratio({**virtual, "time_ratio": 1.3}).startswith("longer")
     derived = {"peak_basis": "reported clock", "peak_ghz": 2.6, "flop_per_cycle": 64.0}
     assert _peak({**derived, "peak_share": 123.0, "implied_ghz": 3.2}).startswith("exceeded")
     assert "2.60 GHz that /proc/cpuinfo reports" in _peak({**derived, "peak_share": 123.0,
