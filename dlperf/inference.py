@@ -12,7 +12,7 @@ tokens that the model checks in one pass (greedy speculative decoding), and
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Dict, Optional, Sequence, Tuple
 
@@ -211,6 +211,17 @@ def generate(model: TinyDecoder, prompt: torch.Tensor, new_tokens: int,
             logits = (model(following, tokens.shape[1] - 1, cache) if use_cache
                       else model(tokens))
     return tokens
+
+
+def shallow_draft(model: TinyDecoder, layers: int) -> TinyDecoder:
+    """A draft model made of ``model``'s first ``layers`` blocks, sharing its embeddings,
+    its final norm and its projection to the vocabulary (no weights are copied)."""
+    draft = TinyDecoder(replace(model.shape, layers=0, vocab=1, max_len=1))
+    draft.shape = replace(model.shape, layers=layers)
+    draft.embed, draft.position = model.embed, model.position
+    draft.norm, draft.head = model.norm, model.head
+    draft.blocks = nn.ModuleList(list(model.blocks)[:layers])
+    return draft.train(model.training)
 
 
 @dataclass

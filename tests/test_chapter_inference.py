@@ -8,15 +8,15 @@ as what it kept; paged reservation counts whole blocks. The page, as the book bu
 the same checks, the published configurations' cache sizes, and its verdicts (in
 tests/test_book_claims.py).
 """
+import copy
+
 import pytest
 import torch
 from torch import nn
 
-import copy
-
 from dlperf.inference import (DecoderShape, Int8Linear, KVCache, TinyDecoder, generate,
                               kv_cache_bytes, kv_reservation, quantize_weights,
-                              speculative_generate, weight_bytes)
+                              shallow_draft, speculative_generate, weight_bytes)
 from tests.helpers import number
 
 SMALL = DecoderShape(vocab=64, width=32, layers=2, heads=4, kv_heads=4, max_len=64)
@@ -83,6 +83,7 @@ def test_speculation_returns_the_tokens_of_greedy_decoding(k):
     greedy = generate(target, prompt, 20)
     drafts = {"the target itself": target,  # every draft accepted
               "its int8 copy": quantize_weights(copy.deepcopy(target)),
+              "its first block": shallow_draft(target, 1),
               "an unrelated model": TinyDecoder(SMALL).eval()}  # hardly any accepted
     for name, draft in drafts.items():
         tokens, stats = speculative_generate(target, draft, prompt, 20, k)
@@ -141,6 +142,15 @@ def test_rolled_back_positions_are_overwritten_not_read():
         full = model(tokens)[:, 8:]
     torch.testing.assert_close(step, full)
     assert cache.length == 10
+
+
+def test_a_shallow_draft_shares_the_weights():
+    model = TinyDecoder(SMALL).eval()
+    draft = shallow_draft(model, 1)
+    assert draft.head.weight is model.head.weight and draft.blocks[0] is model.blocks[0]
+    assert len(draft.blocks) == 1 and draft.new_cache(1, 8).keys.shape[0] == 1
+    full_bytes = weight_bytes(model)
+    assert weight_bytes(draft) < full_bytes
 
 
 def test_paged_reservation_counts_whole_blocks():
