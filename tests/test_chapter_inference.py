@@ -170,3 +170,6 @@ def test_the_page_counts_the_cache_and_the_published_models(page_outputs):
     assert number(values, "llama2_batch_gib") == 32 and number(values, "llama3_batch_gib") == 8
     assert number(values, "cache_factor") > 2  # the weights do not fit in a cache
     assert 0 < number(values, "same_choice") <= 100
+    assert values["spec_same"] == "True"  # speculation kept the greedy tokens
+    assert 0 <= number(values, "paged_empty") < number(values, "upfront_empty")
+    assert 1 <= number(values, "spec_per_pass") <= 5  # k = 4 drafts per pass
