@@ -4,13 +4,17 @@
 multi-head, grouped-query or multi-query attention (``kv_heads``), and an optional
 ``KVCache``, so that the chapter can time the two phases of generation and count the bytes
 the formulas predict. ``Int8Linear`` stores a linear layer's weight in int8 with one scale per
-output row (weight-only quantization).
+output row (weight-only quantization). ``speculative_generate`` lets a cheap draft model propose
+tokens that the model checks in one pass (greedy speculative decoding), and
+``kv_reservation`` counts the cache a batch of requests reserves up front or in blocks
+(paged attention).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 from functools import lru_cache
-from typing import Optional, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -53,6 +57,13 @@ class KVCache:
         if layer == self.keys.shape[0] - 1:
             self.length = end
         return self.keys[layer, :, :, :end], self.values[layer, :, :, :end]
+
+    def rollback(self, length: int) -> None:
+        """Forget every position from ``length`` on: the next pass overwrites them, and no
+        pass reads past the positions it stores."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot roll a cache of {self.length} positions back to {length}")
+        self.length = length
 
 
 class Int8Linear(nn.Module):
@@ -200,3 +211,88 @@ def generate(model: TinyDecoder, prompt: torch.Tensor, new_tokens: int,
             logits = (model(following, tokens.shape[1] - 1, cache) if use_cache
                       else model(tokens))
     return tokens
+
+
+def shallow_draft(model: TinyDecoder, layers: int) -> TinyDecoder:
+    """A draft model made of ``model``'s first ``layers`` blocks, sharing its embeddings,
+    its final norm and its projection to the vocabulary (no weights are copied)."""
+    draft = TinyDecoder(replace(model.shape, layers=0, vocab=1, max_len=1))
+    draft.shape = replace(model.shape, layers=layers)
+    draft.embed, draft.position = model.embed, model.position
+    draft.norm, draft.head = model.norm, model.head
+    draft.blocks = nn.ModuleList(list(model.blocks)[:layers])
+    return draft.train(model.training)
+
+
+@dataclass
+class SpeculationStats:
+    """What a speculative generation did: ``target_passes`` passes of the target after its
+    prefill, ``drafted`` tokens proposed, ``checked`` of them compared with the target's
+    choice (up to and including the first disagreement), ``accepted`` of those kept, and
+    ``produced`` tokens the passes yielded (accepted drafts plus one of the target's own per
+    pass; the last pass may overshoot the tokens asked for)."""
+    target_passes: int = 0
+    drafted: int = 0
+    checked: int = 0
+    accepted: int = 0
+    produced: int = 0
+
+    @property
+    def acceptance(self) -> float:
+        return self.accepted / self.checked if self.checked else float("nan")
+
+    @property
+    def tokens_per_pass(self) -> float:
+        passes = self.target_passes
+        return self.produced / passes if passes else float("nan")
+
+
+@torch.no_grad()
+def speculative_generate(target: TinyDecoder, draft: TinyDecoder,
+                         prompt: torch.Tensor, new_tokens: int, k: int
+                         ) -> Tuple[torch.Tensor, SpeculationStats]:
+    """Greedy speculative decoding of one sequence: ``draft`` proposes ``k`` tokens
+    one at a time, ``target`` scores them all in one pass, and the longest prefix it
+    agrees with, plus its own next token, is kept; both caches roll back to what was
+    kept. Returns the tokens of ``generate(target, prompt, new_tokens)`` and the
+    counts."""
+    if prompt.shape[0] != 1 or k < 1:
+        raise ValueError("one sequence and k >= 1 drafts per pass")
+    room = prompt.shape[1] + new_tokens + k + 1
+    t_cache, d_cache = target.new_cache(1, room), draft.new_cache(1, room)
+    stats = SpeculationStats()
+    tokens = prompt
+    first = target(prompt, 0, t_cache)[:, -1].argmax(-1, keepdim=True)  # the prefill
+    tokens = torch.cat([tokens, first], dim=1)
+    while tokens.shape[1] < prompt.shape[1] + new_tokens:
+        n = tokens.shape[1]  # both caches hold fewer than n positions
+        proposal = tokens[:, d_cache.length:]  # what the draft has not seen yet
+        for _ in range(k):
+            logits = draft(proposal, d_cache.length, d_cache)
+            proposal = logits[:, -1:].argmax(-1)
+            tokens = torch.cat([tokens, proposal], dim=1)
+        # One pass over the last kept token and the k drafts: k + 1 target choices.
+        choices = target(tokens[:, n - 1:], n - 1, t_cache).argmax(-1)
+        agree = (choices[0, :k] == tokens[0, n:]).tolist() + [False]
+        kept = agree.index(False)  # drafts before the first disagreement
+        tokens = torch.cat([tokens[:, :n + kept], choices[:, kept:kept + 1]], dim=1)
+        t_cache.rollback(n + kept)  # its own choice is not in the cache yet
+        d_cache.rollback(min(d_cache.length, n + kept))
+        stats.target_passes += 1
+        stats.drafted += k
+        stats.checked += min(kept + 1, k)
+        stats.accepted += kept
+        stats.produced += kept + 1
+    return tokens[:, :prompt.shape[1] + new_tokens], stats
+
+
+def kv_reservation(lengths: Sequence[int], max_len: int, block: int = 16
+                   ) -> Dict[str, int]:
+    """Cache positions a batch of requests of ``lengths`` tokens needs, and what it
+    reserves when each request reserves ``max_len`` positions up front, or blocks of
+    ``block`` positions as it grows (paged attention): the last block of each is
+    partly empty."""
+    if any(not 0 < n <= max_len for n in lengths):
+        raise ValueError(f"every length must lie between 1 and {max_len}")
+    return {"used": sum(lengths), "up front": len(lengths) * max_len,
+            "paged": sum(math.ceil(n / block) * block for n in lengths)}

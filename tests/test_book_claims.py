@@ -453,6 +453,15 @@ CLAIMS = [
     ("chapters/inference", "decode_verdict", _inf_decode, False),
     ("chapters/inference", "batch_verdict", _inf_batch, False),
     ("chapters/inference", "int8_verdict", _inf_int8, False),
+    ("chapters/inference", "prefill_verdict",
+     lambda v: ("about in proportion with the prompts prefilled at once: one prompt already "
+                "kept the arithmetic units busy" if v["prefill_four_ratio"] >= 3.2 else
+                "less than in proportion with the prompts prefilled at once: one prompt of "
+                "this length left part of the arithmetic units idle"), False),
+    ("chapters/inference", "spec_verdict",
+     lambda v: ("made generation faster" if v["spec_speedup"] >= 1.1 else
+                "left generation within 10% of plain decoding's time"
+                if v["spec_speedup"] > 1 / 1.1 else "made generation slower"), False),
     ("chapters/parallel-layout", "megatron_bound_verdict",
      lambda v: (f"every run reached less than the bound, between "
                 f"{v['megatron_low_share']:.0f}% and {v['megatron_high_share']:.0f}% of it"
