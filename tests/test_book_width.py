@@ -158,3 +158,12 @@ def test_what_a_chapter_prints_fits_88_columns(executed_page, page):
                 for index, line in wide_lines(executed_page(f"chapters/{page}"))]
     assert not too_wide, (f"chapters/{page} prints lines past 88 columns:\n"
                           + "\n".join(too_wide))
+
+
+def test_chapters_hold_no_control_characters():
+    # A tab in a chapter is usually a lost backslash: "\t" written from Python turned
+    # the \text of a formula into a tab and "ext".
+    found = [f"{path.relative_to(ROOT)}:{number}" for path in CHAPTERS
+             for number, line in enumerate(path.read_text().splitlines(), 1)
+             if re.search(r"[\x00-\x08\x0b-\x1f\x7f]", line)]
+    assert not found, "control characters in: " + ", ".join(found)
