@@ -232,7 +232,9 @@ def _threads(v):
     if v["setup"] != "two CPU workers":
         return "this run had a GPU, so its table has no such row"
     r = v["threads_ratio"]
-    how = ("the two workers were faster, by 10% or more" if r >= 1.1 else
+    how = ("more than the workers' number of cores can explain, so the all-threads row was "
+           "held up, its threads waiting for a busy core" if r > 1.1 * v["threads_lanes"] else
+           "the two workers were faster, by 10% or more" if r >= 1.1 else
            "one lane at a time with all threads was faster, by 10% or more" if r <= 1 / 1.1 else
            "the two took about the same time, within 10%")
     return f"on this run, running the lanes together was {r:.2f} times as fast as that row: {how}"
@@ -1201,6 +1203,10 @@ def test_the_rules_catch_a_verdict_that_disagrees():
     assert _tk_speed("add")({"on_gpu": True, "add_speedup": 0.5}).startswith("slower")
     assert _tk_race({"racy_total": 1000.0, "sum_n": 4096}).startswith("gave 1,000 instead of 4,096")
     assert _tk_smem({"smem_outcome": "ran", "interpreted": False}).startswith("ran it: the compiler")
+    # auto-parallelism once called two workers 6.4 times as fast as one lane with all threads
+    # "faster", where two cores allow at most 2
+    assert "held up" in _threads({"setup": "two CPU workers", "threads_ratio": 6.38,
+                                   "threads_lanes": 2})
     # performance-model once called a product at 100.4% of its roof "above" it
     assert _pm_matmul_roof({"matmul_max_share": 100.4}).startswith("at or below")
     # parallel-layout: a DP step below the planner's bound is a wrong rate, not a fast step
