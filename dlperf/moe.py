@@ -82,6 +82,23 @@ def route(logits: torch.Tensor, top_k: int, capacity: int) -> Routing:
     return Routing(probs, chosen, gates, kept, capacity)
 
 
+def route_tokens(router: nn.Module, tokens: torch.Tensor, experts: int, top_k: int,
+                 capacity_factor: float) -> Routing:
+    """Route ``tokens`` (T, width) with ``router`` to ``top_k`` of ``experts``, at the
+    capacity ``capacity_factor`` gives for T tokens."""
+    capacity = expert_capacity(len(tokens), experts, top_k, capacity_factor)
+    return route(router(tokens), top_k, capacity)
+
+
+def kept_by_expert(routing: Routing):
+    """The kept choices as (token, choice, expert) index tensors, sorted by expert
+    (stably, so each expert's tokens stay in token order): expert 0's first."""
+    token, choice = routing.kept.nonzero(as_tuple=True)
+    expert = routing.experts[token, choice]
+    order = expert.argsort(stable=True)
+    return token[order], choice[order], expert[order]
+
+
 def load_balancing_loss(routing: Routing, alpha: float) -> torch.Tensor:
     """Switch Transformer's auxiliary loss, alpha * E * sum_i f_i * P_i.
 
@@ -99,10 +116,7 @@ def apply_experts(x: torch.Tensor, routing: Routing,
                   experts: Sequence[nn.Module]) -> torch.Tensor:
     """Run each expert on the tokens it kept, and add its outputs, times their gates,
     to those tokens' rows. A choice that was dropped adds nothing."""
-    token, choice = routing.kept.nonzero(as_tuple=True)
-    expert = routing.experts[token, choice]
-    order = expert.argsort(stable=True)  # expert 0's tokens first, then expert 1's...
-    token, choice, expert = token[order], choice[order], expert[order]
+    token, choice, expert = kept_by_expert(routing)
     counts = torch.bincount(expert, minlength=len(experts)).tolist()
     chunks = x[token].split(counts)
     outputs = torch.cat([mlp(chunk) for mlp, chunk in zip(experts, chunks)])
@@ -134,9 +148,8 @@ class MoELayer(nn.Module):
         return len(self.experts)
 
     def route(self, tokens: torch.Tensor) -> Routing:
-        capacity = expert_capacity(len(tokens), self.num_experts, self.top_k,
-                                   self.capacity_factor)
-        return route(self.router(tokens), self.top_k, capacity)
+        return route_tokens(self.router, tokens, self.num_experts, self.top_k,
+                            self.capacity_factor)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         tokens = x.reshape(-1, self.width)
@@ -304,13 +317,10 @@ class ExpertParallelMoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         tokens = x.reshape(-1, self.width)
-        capacity = expert_capacity(len(tokens), self.num_experts, self.top_k,
-                                   self.capacity_factor)
-        routing = route(self.router(tokens), self.top_k, capacity)
-        token, choice = routing.kept.nonzero(as_tuple=True)
-        expert = routing.experts[token, choice]
-        order = expert.argsort(stable=True)  # by expert, so by the rank holding it
-        token, choice, expert = token[order], choice[order], expert[order]
+        routing = route_tokens(self.router, tokens, self.num_experts, self.top_k,
+                               self.capacity_factor)
+        # sorted by expert, so by the rank that holds it
+        token, choice, expert = kept_by_expert(routing)
         # Tell every rank how many rows it gets for each of its experts.
         sending = torch.bincount(expert, minlength=self.num_experts)
         receiving = torch.empty_like(sending)

@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Dict, Iterable, List, Optional
 
 import pandas as pd
 
 from .moe import all_to_all_seconds
+from . import utilization
 from .utilization import ring_allreduce_seconds
 
 
@@ -305,8 +306,8 @@ def step_time(model: Transformer, layout: Layout, cluster: Cluster, batch: int,
 
 def mfu(model: Transformer, cluster: Cluster, batch: int, seconds: float) -> float:
     """Model FLOPs utilisation: the step's FLOPs without recomputation over the peak."""
-    return model.flops_per_token() * batch * model.seq / (seconds * cluster.gpus
-                                                          * cluster.peak_flops)
+    return utilization.mfu(batch * model.seq / seconds, model.flops_per_token(),
+                           cluster.gpus * cluster.peak_flops)
 
 
 # ---------------------------------------------------------------- the planner
@@ -358,7 +359,7 @@ class Estimate:
     memory: Dict[str, float]
     time: Dict[str, float]
     mfu: float
-    fits: bool = field(default=False)
+    fits: bool = False
 
 
 def estimate(model: Transformer, layout: Layout, cluster: Cluster, batch: int,
