@@ -71,8 +71,10 @@ class Policy:
     user: int = NOBODY             # run as this user and group when started as root
     required: Tuple[str, ...] = ()  # layers (LAYER_NOTES) without which the kernel must
     #                                 not start: those this machine gives every kernel
+    programs: Tuple[str, ...] = ()  # what an installed library may start (real paths): the
+    #                                 compilers a GPU kernel is built with (policy.py)
 
-    LISTS = ("hidden", "shown", "preload", "cgroups", "required")
+    LISTS = ("hidden", "shown", "preload", "cgroups", "required", "programs")
 
     def to_dict(self) -> dict:
         return {name: list(value) if name in self.LISTS else value

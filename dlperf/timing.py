@@ -52,6 +52,13 @@ class Benchmark:
 # write-back to memory the timed call would pay for. One buffer per device, made on first use.
 _L2_FLUSH: Dict[torch.device, torch.Tensor] = {}
 
+# Queued on a GPU before each timed call: a kernel that spins this many clock cycles (0.5 ms
+# at 2 GHz) and touches no memory, longer than the host takes to record an event and launch
+# a call. Without it, a call that finds its data in the L2 finishes the untimed call before
+# the host has launched the timed one, and the interval holds the launch: the first GPU run
+# (H200) measured a warm read of half the L2 at 32 us, twice the cold one.
+SPIN_CYCLES = 1_000_000
+
 
 def flush_l2(device) -> None:
     """Queue a read of twice the L2 cache of the CUDA ``device``, so that the next kernel finds
@@ -76,11 +83,12 @@ def time_it(fn: Callable[[], object], *, repeat: int = 5, warmup: int = 1,
     On a CPU (or with ``device`` None) the host's clock times each call, the device
     synchronized before it stops. On a CUDA ``device`` the GPU's own clock does: CUDA events
     recorded on the current stream before and after each call (performance-model, "CUDA
-    events"). Before each start event, work is queued that keeps the GPU busy while the host
-    records the event and launches ``fn``, so that the interval holds ``fn``'s GPU time
-    without the launch: with ``cold_l2`` (the default) a read of twice the L2 cache, so
-    that the call finds none of its data there, as in a program that does other work between
-    calls; without it, an untimed call of ``fn``, which leaves its data in the L2. A ``fn``
+    events"). Before each start event, with ``cold_l2`` (the default), a read of twice the L2
+    cache is queued, so that the call finds none of its data there, as in a program that does
+    other work between calls; without it, an untimed call of ``fn``, which leaves its data in
+    the L2. Then a spin of the GPU's clock that touches no memory (:data:`SPIN_CYCLES`) keeps
+    the GPU busy while the host records the event and launches ``fn``, so that the interval
+    holds ``fn``'s GPU time without the launch. A ``fn``
     that waits for the GPU itself (``.item()``, a synchronize) leaves the GPU idle, and its
     interval then includes the host's work too.
     """
@@ -95,10 +103,11 @@ def time_it(fn: Callable[[], object], *, repeat: int = 5, warmup: int = 1,
         if on_gpu:
             start = torch.cuda.Event(enable_timing=True)
             end = torch.cuda.Event(enable_timing=True)
-            if cold_l2:  # either keeps the GPU busy while fn is launched
+            if cold_l2:
                 flush_l2(device)
             else:
                 fn()
+            torch.cuda._sleep(SPIN_CYCLES)  # busy while the host launches fn
             start.record()
             fn()
             end.record()

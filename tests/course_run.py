@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -31,6 +30,7 @@ import nbformat
 
 from coursebook.cases import (ASSIGNMENTS, ROOT, SOLUTIONS, SPEED_TESTED, hand_in,
                                solution_notebook, submission, wrong_submissions)
+from tests.helpers import checkout_env
 
 REFERENCE_COPIES = 8  # reference answers handed in this many times (grades must not vary)
 SPEED_TESTED_COPIES = 2  # fewer where each grading times a speed test for seconds (the
@@ -48,8 +48,7 @@ def reference(n: int) -> str:
 def run(*command: str, cwd: Path = ROOT, timeout: int = 1800) -> subprocess.CompletedProcess:
     """``python -m <command>`` as the README writes it, with .venv/bin first on PATH (nbgrader
     runs alembic from PATH when it creates gradebook.db); fails with the command's output."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT),
-               PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"])
+    env = checkout_env()
     done = subprocess.run([sys.executable, "-m", *command], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, (f"{' '.join(command)} failed ({done.returncode}):\n"

@@ -16,10 +16,21 @@ from coursebook.executed import outputs
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def checkout_env(**extra: str) -> dict:
+    """This process's environment with this checkout first on ``PYTHONPATH``, this Python's
+    folder first on ``PATH`` (nbgrader runs ``alembic`` from it) and ``extra`` added. What
+    was on either stays after it (on a lent GPU machine, the kit's packages: nbgrader,
+    papermill), so that a command a test starts imports what the test does."""
+    def first(value: str, name: str) -> str:
+        return os.pathsep.join(p for p in (value, os.environ.get(name, "")) if p)
+    return {**os.environ, "PYTHONPATH": first(str(ROOT), "PYTHONPATH"),
+            "PATH": first(str(Path(sys.executable).parent), "PATH"), **extra}
+
+
 def autograder(*args, cwd=ROOT, env=None, timeout=600) -> subprocess.CompletedProcess:
     """``python -m autograder ARGS`` as its user runs it (this checkout on the path, ``env``
     added to the environment), to completion: its exit status and output."""
-    environment = dict(os.environ, PYTHONPATH=str(ROOT))
+    environment = checkout_env()
     environment.update(env or {})
     return subprocess.run([sys.executable, "-m", "autograder", *map(str, args)], cwd=cwd,
                           env=environment, capture_output=True, text=True, timeout=timeout)

@@ -25,6 +25,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Callable, Optional, Tuple
+from tests.helpers import checkout_env
 
 ROOT = Path(__file__).resolve().parent.parent
 PROXY_VERSION = "5.3.0"  # configurable-http-proxy, the proxy JupyterHub's docs install
@@ -120,7 +121,7 @@ class Hub:
             out=str(self.server_out)))
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = open(folder / "jupyterhub.log", "w")
-        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        env = checkout_env()
         env.pop("JUPYTERHUB_API_TOKEN", None)
         self.process = subprocess.Popen(
             [sys.executable, "-m", "jupyterhub", "-f", str(config)], cwd=folder, env=env,

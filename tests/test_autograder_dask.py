@@ -29,6 +29,7 @@ from tests.autograder_fixtures.submissions import (COURSE, CPU_MAX_SCORE, GOOD_S
                                                    graded_cases, write)
 from tests.dask_cluster import CLUSTER_ENV, cluster, dask, stop  # noqa: F401 - cluster: a fixture
 from tests import helpers
+from tests.helpers import checkout_env
 
 distributed = pytest.importorskip("distributed")
 
@@ -225,7 +226,7 @@ def test_scheduler_flags_and_no_dask_without_them():
     code = ("import sys, autograder.commands.cli, autograder.pipeline.grade, autograder.pipeline.report; "
             "autograder.commands.cli.parser(); print(sorted({'dask', 'distributed'} & set(sys.modules)))")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                          env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=120)
+                          env=checkout_env(), timeout=120)
     assert done.stdout.strip() == "[]", done.stdout + done.stderr[-2000:]
 
 

@@ -23,6 +23,7 @@ import pytest
 from coursebook.cases import ROOT
 from autograder.sandbox.cgroups import ResourceGroup
 from tests.hostile_submissions import ASSIGNMENT, CASES, NOTEBOOK, PROCESS_LIMIT, build
+from tests.helpers import checkout_env
 
 pytestmark = pytest.mark.integration
 
@@ -138,7 +139,7 @@ def graded(tmp_path_factory):
          "--timeout", str(TIMEOUT), "--cell-timeout", str(CELL_TIMEOUT),
          "--memory", str(MEMORY_GIB), "--disk", str(DISK_GIB),
          "--processes", str(PROCESS_LIMIT), "--jobs", "2"],
-        cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=subprocess.PIPE,
+        cwd=ROOT, env=checkout_env(), stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True)
     try:
         stdout, stderr = grader.communicate(timeout=1500)

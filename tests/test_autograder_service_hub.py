@@ -24,7 +24,6 @@ import html
 import http.cookiejar
 import io
 import json
-import os
 import re
 import subprocess
 import sys
@@ -43,6 +42,7 @@ from autograder.commands.submit import multipart
 from tests.autograder_fixtures.submissions import COURSE, answered, write
 from tests.test_autograder_service import (OFF_BY_ONE, ROOT, roster_course, until,
                                            with_rules)
+from tests.helpers import checkout_env
 
 GROUP = "formgrade-course101"  # the example's group
 PREFIX = "/services/autograder/"
@@ -337,7 +337,7 @@ def test_submit_hands_in_with_the_learners_hub_token(hub, tmp_path):
     grace.log_in("grace")
     token = hub_token(grace, "grace")
     path = write(tmp_path, "grace", answered())
-    env = dict(os.environ, PYTHONPATH=str(ROOT), JUPYTERHUB_API_TOKEN=token)
+    env = checkout_env(JUPYTERHUB_API_TOKEN=token)
     done = subprocess.run([sys.executable, "-m", "autograder", "submit", str(path), "--to",
                            hub.url + PREFIX, "--assignment", "demo"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
 import statistics
 import subprocess
@@ -23,6 +22,7 @@ from autograder.kernel.evidence import compare_outputs, dump_inputs, dump_output
 from autograder.pipeline.speed import (DeclarationError, SpeedTest, Speedup, clean_source,
                                        declaration, points_for, t975, t999)
 from autograder.pipeline.timing import Audit, Reply, SpeedProblem, round_seeds
+from tests.helpers import checkout_env
 
 ROOT = Path(__file__).resolve().parent.parent
 COURSE = ROOT / "tests" / "autograder_fixtures" / "speed_course"
@@ -261,7 +261,7 @@ def test_a_malformed_declaration_stops_grade_before_any_submission(tmp_path):
     done = subprocess.run([sys.executable, "-m", "autograder", "grade", "submitted",
                            "--assignment", "speedy", "--out", "graded", "--no-progress"],
                           cwd=course, capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
+                          env=checkout_env())
     assert done.returncode == 2, done.stdout + done.stderr
     assert "speedy.ipynb: test cell 'speed': SPEED_TEST['points']['cpu'] must be [low, high]" \
         in done.stderr
@@ -276,8 +276,7 @@ def test_on_cuda_the_speed_test_is_timed_on_the_gpu(tmp_path):
     answer gets the CUDA schedule's points, a wrong one none."""
     course = tmp_path / "course"
     shutil.copytree(COURSE, course)
-    env = dict(os.environ, PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"],
-               PYTHONPATH=str(ROOT))
+    env = checkout_env()
     subprocess.run([sys.executable, "-m", "nbgrader", "generate_assignment", "speedy", "--force"],
                    cwd=course, env=env, check=True, capture_output=True, timeout=300)
     released = nbformat.read(course / "exercises" / "speedy" / "speedy.ipynb", as_version=4)

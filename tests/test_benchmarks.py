@@ -4,7 +4,6 @@ from __future__ import annotations
 import csv
 import importlib.util
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from autograder.sandbox.imports import imported_modules
+from tests.helpers import checkout_env
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -107,8 +107,7 @@ print(json.dumps([name for name in sys.argv[2:] if name in sys.modules]))
 @pytest.mark.parametrize("assignment", sorted(throughput.ASSIGNMENTS))
 def test_grading_an_assignment_imports_nothing_slow_beyond_torch(assignment, tmp_path):
     notebook = ROOT / "solutions" / assignment / f"{throughput.ASSIGNMENTS[assignment]}.ipynb"
-    env = dict(os.environ, DLPERF_DATA="synthetic", CUDA_VISIBLE_DEVICES="",
-               PYTHONPATH=str(ROOT))
+    env = checkout_env(DLPERF_DATA="synthetic", CUDA_VISIBLE_DEVICES="")
     done = subprocess.run([sys.executable, "-c", RUN_CELLS, str(notebook), *LAZY], cwd=tmp_path,
                           env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]

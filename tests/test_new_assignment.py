@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -25,6 +24,7 @@ import yaml
 from coursebook import assignments as course
 from coursebook import book
 from coursebook.cases import answer_cells, counted, expected_losses, load_wrong
+from tests.helpers import checkout_env
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.integration
@@ -78,8 +78,7 @@ def add_toy_assignment(root: Path) -> None:
 
 
 def run(root: Path, *command: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(ROOT),  # nbgrader runs alembic from PATH
-               PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"])
+    env = checkout_env()
     done = subprocess.run([sys.executable, "-m", *command], cwd=root, env=env,
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, (f"{' '.join(command)} failed ({done.returncode}):\n"

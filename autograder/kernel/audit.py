@@ -1,5 +1,6 @@
 """The Python audit hook (:pep:`578`) of a learner's kernel, installed in the kernel's
-process once it has its sockets: it refuses to start processes, to open network
+process once it has its sockets: it refuses to start processes (but the compilers of
+``Policy.programs`` when an installed library starts them: Triton on a GPU), to open network
 connections, to load native code through ``ctypes``, to signal other processes and to
 write outside the working directory. Defence in depth with clear messages: native code
 raises no audit events, so no property rests on it alone.
@@ -8,6 +9,8 @@ from __future__ import annotations
 
 import ctypes
 import os
+import shutil
+import subprocess
 import sys
 from typing import Optional
 
@@ -51,6 +54,10 @@ def install_audit_hook(policy: Policy) -> None:
     own_pid = os.getpid()
     libraries = tuple(p for p in python_paths() if not within_any(p, hidden) or p in shown)
     ctypes_dir = os.path.dirname(os.path.realpath(ctypes.__file__))
+    stdlib_dir = os.path.dirname(os.path.realpath(subprocess.__file__))
+    own_file = os.path.realpath(__file__)
+    programs = frozenset(policy.programs)
+    which = shutil.which
     getframe = sys._getframe
     realpath, fspath, getcwd, join = os.path.realpath, os.fspath, os.getcwd, os.path.join
     Violation = SandboxViolation
@@ -69,6 +76,43 @@ def install_audit_hook(policy: Policy) -> None:
     # The hook's own copy of within_any: module globals are within the learner's reach.
     def within(path: str, roots) -> bool:
         return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
+
+    def library_caller() -> bool:
+        """Whether the code asking, past this hook and the standard library, is an installed
+        library's (a notebook's code is not)."""
+        frame = getframe(1)
+        while frame is not None:
+            name = realpath(frame.f_code.co_filename)
+            if not (name == own_file or within(name, (stdlib_dir,)) and not any(
+                    part in name for part in ("/site-packages/", "/dist-packages/"))):
+                break
+            frame = frame.f_back
+        caller = realpath(frame.f_code.co_filename) if frame is not None else ""
+        return caller.startswith("/") and within(caller, libraries)
+
+    def library_starts_compiler(event: str, args: tuple) -> bool:
+        """A library (Triton building a GPU kernel) starting one of the policy's programs
+        with ``subprocess`` (which may go through ``os.posix_spawn``)."""
+        if event not in ("subprocess.Popen", "os.posix_spawn") or not programs or not args:
+            return False
+        program = args[0]
+        if program is None and event == "subprocess.Popen" and len(args) > 1:
+            argv = args[1]
+            program = argv[0] if isinstance(argv, (list, tuple)) and argv else argv
+        try:
+            program = fspath(program)
+            if isinstance(program, bytes):
+                program = program.decode(errors="replace")
+            if "/" not in program:
+                environment = args[3] if event == "subprocess.Popen" and len(args) > 3 \
+                    else args[2] if event == "os.posix_spawn" and len(args) > 2 else None
+                path = (environment or {}).get("PATH") if isinstance(environment, dict) \
+                    else None
+                program = which(program, path=path) or ""
+            program = realpath(program)
+        except Exception:
+            return False
+        return program in programs and library_caller()
 
     def hook(event: str, args: tuple) -> None:
         if event == "open":
@@ -91,7 +135,8 @@ def install_audit_hook(policy: Policy) -> None:
                     raise Violation(f"the grader does not allow {event} outside the working "
                                     f"directory ({arg!r})")
         elif event in STARTS_PROCESSES or event.startswith(("os.exec", "os.spawn")):
-            raise Violation(f"the grader does not allow starting processes ({event})")
+            if not library_starts_compiler(event, args):
+                raise Violation(f"the grader does not allow starting processes ({event})")
         elif event in ("os.kill", "os.killpg"):
             pid = args[0] if args else None
             if pid not in (own_pid, 0):

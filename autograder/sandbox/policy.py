@@ -161,3 +161,34 @@ def closed_folders(paths: Iterable[str]) -> Tuple[str, ...]:
             except OSError:
                 break
     return tuple(sorted(closed))
+
+
+def compiler_programs(path: Optional[str] = None) -> Tuple[str, ...]:
+    """The programs an installed library may start in a kernel (real paths): what Triton
+    runs to build a kernel for a GPU, which a learner's Triton code needs there.
+
+    Triton compiles each kernel with the ``ptxas`` its backends bundle, builds the kernel's
+    launcher with the C compiler it finds on ``PATH`` (``gcc``, else ``clang``; a kernel's
+    environment has no ``CC``) and finds ``libcuda`` with ``/sbin/ldconfig -p``; PyTorch's
+    compiler uses the C++ one. Found here, in the grader, on the ``PATH`` kernels get and
+    without importing Triton (its import reads settings the notebook chooses). Nothing else
+    may be started: the kernel's audit hook allows only these, and only to a library."""
+    import importlib.util
+    import shutil
+
+    path = os.environ.get("PATH", os.defpath) if path is None else path
+    found = [program for program in (shutil.which(name, path=path) for name in
+                                     ("gcc", "clang", "cc", "g++", "clang++", "c++"))
+             if program]
+    if os.path.exists("/sbin/ldconfig"):
+        found.append("/sbin/ldconfig")
+    try:
+        triton = importlib.util.find_spec("triton")
+    except (ImportError, ValueError):
+        triton = None
+    if triton is not None and triton.submodule_search_locations:
+        for package in triton.submodule_search_locations:
+            for tool in sorted(Path(package).glob("backends/*/bin/*")):
+                if tool.is_file() and os.access(tool, os.X_OK):
+                    found.append(str(tool))
+    return tuple(sorted({os.path.realpath(program) for program in found}))

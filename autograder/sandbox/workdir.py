@@ -21,7 +21,9 @@ from autograder.options import COPY_BUDGET, KERNEL_CPU_MARGIN, GradeOptions
 from autograder.protocol import GROUP, USER, Policy, python_paths
 from autograder.sandbox.cgroups import ResourceGroup
 from autograder.sandbox.device import machine_layers
-from autograder.sandbox.policy import closed_folders, import_paths, shown_paths, source_folders
+from autograder.sandbox.policy import (closed_folders, compiler_programs, import_paths, shown_paths,
+                                       source_folders)
+
 
 def _copy_tree(src: Path, dst: Path, budget: List[int]) -> None:
     """Copy regular files and folders only: no symlinks or devices out of a submission,
@@ -116,7 +118,7 @@ def sandbox_policy(submission: Submission, source: SourceNotebook, workdir: Path
                   disk=options.disk, cpu_seconds=int(options.limits.notebook) + KERNEL_CPU_MARGIN,
                   hidden=tuple(sorted(hidden)), shown=shown,
                   cgroups=group.paths if group is not None else (),
-                  required=tuple(sorted(required)))
+                  required=tuple(sorted(required)), programs=compiler_programs())
 
 
 def kernel_environment(workdir: Path, options: GradeOptions) -> Dict[str, str]:
