@@ -297,9 +297,19 @@ def judge_case(assignment: str, student: str, losses, results: Path, code, cuda:
     lost = {name: points - score for name, (score, points) in scores.items() if score != points}
     wanted = ({name: points for name, (_, points) in scores.items()} if losses is None
               else {name: points for name, points in losses.items() if points and name in scores})
+    outcome = "as expected" if lost == wanted and not misskipped else "unexpected"
+    # What the next session needs to mend a surprise without a GPU: each lost test's message
+    # where the loss was not expected, and every speed test's measurement.
+    tests = {test["name"]: test for test in result["tests"]}
+    why = {name: tests[name].get("output", "")[:800] for name in lost
+           if outcome != "as expected" and name in tests}
+    speeds = {name: {key: test["extra_data"]["speed"].get(key) for key in
+                     ("device", "clock", "speedup", "low", "high", "candidate_seconds",
+                      "baseline_seconds", "rounds", "calls", "baseline_calls")}
+              for name, test in tests.items() if "speed" in test.get("extra_data", {})}
     return {**case, "score": result["score"], "lost": lost, "expected_lost": wanted,
-            "wrongly_skipped": misskipped,
-            "outcome": "as expected" if lost == wanted and not misskipped else "unexpected"}
+            "wrongly_skipped": misskipped, "outcome": outcome,
+            **({"why": why} if why else {}), **({"speed": speeds} if speeds else {})}
 
 
 def hardware_facts() -> dict:

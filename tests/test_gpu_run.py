@@ -49,6 +49,24 @@ def test_the_unedited_release_must_lose_every_counted_point(tmp_path):
     assert gpu_run.judge_case("a", "u", None, kept_one, 0, cuda=True)["outcome"] == "unexpected"
 
 
+def test_a_surprise_keeps_the_lost_tests_messages_and_every_speed_measurement(tmp_path):
+    # What the GPU machine's one run leaves for the next session, which has no GPU.
+    path = tmp_path / "results.json"
+    speed = {"device": "cuda", "clock": "wall", "speedup": 21.5, "low": 20.1, "high": 23.0}
+    path.write_text(json.dumps({"score": 6, "tests": [
+        {"name": "visible", "score": 2, "output": "",
+         "extra_data": {"points": 2, "outcome": "passed"}},
+        {"name": "speed", "score": 0, "output": "21.5 times as fast" + "." * 2000,
+         "extra_data": {"points": 4, "outcome": "failed", "speed": speed}}]}))
+    surprise = gpu_run.judge_case("a", "solution", {}, path, 0, cuda=True)
+    assert surprise["outcome"] == "unexpected"
+    assert surprise["why"] == {"speed": ("21.5 times as fast" + "." * 2000)[:800]}
+    assert surprise["speed"]["speed"]["speedup"] == 21.5
+    expected = gpu_run.judge_case("a", "slow", {"speed": 4}, path, 0, cuda=True)
+    assert expected["outcome"] == "as expected" and "why" not in expected
+    assert expected["speed"]["speed"]["low"] == 20.1
+
+
 def test_a_case_the_grader_never_wrote_is_not_graded(tmp_path):
     case = gpu_run.judge_case("a", "s", {}, tmp_path / "missing.json", 1, cuda=False)
     assert case["outcome"] == "not graded" and case["grader_exit"] == 1
