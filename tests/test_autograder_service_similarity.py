@@ -451,3 +451,13 @@ def test_files_a_learner_forged_are_notes_not_code(tmp_path):
     (zed,) = [note for note in report.notes if note.startswith("zed:")]
     assert "symbolic link" in yan and "not a Jupyter notebook" in zed, report.notes
     assert [h.cells for h in handed if h.learner in ("yan", "zed")] == [(), ()]
+
+
+def test_without_copydetect_the_command_says_what_to_install(monkeypatch, capsys, tmp_path):
+    """An installed package (no service, no copydetect): a sentence, not a traceback."""
+    from autograder.commands.cli import main
+    monkeypatch.setitem(sys.modules, "copydetect", None)  # an import of it fails
+    assert main(["similarity", ASSIGNMENT, "--course", str(ROOT),
+                 "--submitted", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: copydetect is not installed") and "requirements.txt" in err

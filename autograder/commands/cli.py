@@ -330,17 +330,6 @@ def run_check(args: argparse.Namespace) -> int:
     return 0 if report.all_passed else 1
 
 
-def service_missing(error: ModuleNotFoundError, command: str) -> bool:
-    """Whether ``error`` says the submission service is not installed (it ships in a
-    checkout, not in the package); if so, says so."""
-    if not (error.name or "").startswith("autograder.service"):
-        return False
-    print(f"error: the submission service is not part of the installed package: run "
-          f"`python -m autograder {command}` from a checkout of the course (README, "
-          "Running the submission service)", file=sys.stderr)
-    return True
-
-
 def run_serve(args: argparse.Namespace) -> int:
     """Read the course's roster and rules (a clear error if they are wrong), then issue
     tokens or serve, grading as ``grade`` does: on a :class:`~autograder.pipeline.grade.LocalRunner`,
@@ -348,8 +337,11 @@ def run_serve(args: argparse.Namespace) -> int:
     try:
         from autograder.service.app import ConfigError, Service
     except ModuleNotFoundError as error:
-        if not service_missing(error, "serve"):
+        if not (error.name or "").startswith("autograder.service"):
             raise
+        print("error: the submission service is not part of the installed package: run "
+              "`python -m autograder serve` from a checkout of the course (README, "
+              "Running the submission service)", file=sys.stderr)
         return 2
     if args.jupyterhub and args.issue_tokens is not None:
         print("error: --issue-tokens is for the standalone sign-in; on a JupyterHub the hub "
@@ -496,11 +488,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.command == "mutants":
         return run_mutants(args)
     if args.command == "similarity":
-        try:
-            from autograder.commands.similarity import run_similarity
-        except ModuleNotFoundError as error:
-            if not service_missing(error, "similarity"):
-                raise
-            return 2
+        from autograder.commands.similarity import run_similarity
         return run_similarity(args, course_of(args))
     return run_check(args)

@@ -38,7 +38,14 @@ def uploaded(db: Path, course: Course, assignment: str, sources: dict) -> List:
 
 
 def run_similarity(args: argparse.Namespace, course: Course) -> int:
-    from autograder.service import similarity
+    try:
+        import copydetect  # noqa: F401 - the matching is its
+        from autograder.service import similarity
+    except ModuleNotFoundError as error:  # an installed package: no service, no copydetect
+        print(f"error: {error.name} is not installed: run `python -m autograder similarity` "
+              "from a checkout of the course, with its requirements.txt installed (see "
+              "guide/similarity.md)", file=sys.stderr)
+        return 2
     try:
         sources = course.source_notebooks(args.assignment)
         if args.db is not None:
