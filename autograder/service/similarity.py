@@ -305,8 +305,10 @@ def percent(share: float) -> str:
 
 def table(report: Report) -> str:
     """The ranked pairs as a plain-text table, for the terminal."""
+    shown = (f" (the {len(report.pairs)} most alike shown)"
+             if report.alike > len(report.pairs) else "")
     lines = [f"Similarity of {report.assignment!r}: {len(report.learners)} learner(s), "
-             f"{report.alike} pair(s) sharing code beyond the given code"]
+             f"{report.alike} pair(s) sharing code beyond the given code{shown}"]
     if report.pairs:
         width = max(len(side.learner) for pair in report.pairs for side in pair.sides)
         width = max(width, len("learner"))
