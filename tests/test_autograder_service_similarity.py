@@ -245,9 +245,9 @@ def assert_ranked(report: dict) -> None:
 
 
 def assert_escaped(page: str) -> None:
-    """bob's <script> shows as text, in a marked (matching) line; no markup of his."""
+    """bob's <script> shows as text, as line 29 of his answer cell; no markup of his."""
     assert "<script" not in page.lower()
-    assert "# &lt;script&gt;alert(&#x27;copied&#x27;)&lt;/script&gt;</mark>" in page
+    assert " 29     # &lt;script&gt;alert(&#x27;copied&#x27;)&lt;/script&gt;\n" in page
 
 
 def test_the_command_ranks_the_copy_first_without_the_given_code(tmp_path):
@@ -461,3 +461,20 @@ def test_without_copydetect_the_command_says_what_to_install(monkeypatch, capsys
                  "--submitted", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: copydetect is not installed") and "requirements.txt" in err
+
+
+def test_more_given_code_is_left_out_too(tmp_path, capsys):
+    """``--given FILE``: had the course given out ada's ring_allreduce, gus's copy of it would
+    be given code, and only his own ring passes (cy's) would still match anyone."""
+    from autograder.commands.cli import main
+    submitted = write_submitted(tmp_path / "submitted", handins())
+    given = tmp_path / "handout.py"
+    given.write_text(ADA[ADA.index("def ring_allreduce"):])
+    assert main(["similarity", ASSIGNMENT, "--course", str(ROOT), "--submitted",
+                 str(submitted), "--given", str(given), "--json",
+                 str(tmp_path / "alike.json"), "--top", "1"]) == 0
+    report = json.loads((tmp_path / "alike.json").read_text())
+    assert report["alike"] == 2 and [pair_of(p) for p in report["pairs"]] == [{"ada", "bob"}]
+    assert "(the 1 most alike shown)" in capsys.readouterr().out
+    assert main(["similarity", ASSIGNMENT, "--course", str(ROOT), "--submitted",
+                 str(submitted), "--given", str(tmp_path / "nowhere.py")]) == 2

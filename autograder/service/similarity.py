@@ -36,14 +36,15 @@ from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from autograder.layout import (IGNORED, SourceNotebook, find_submissions, notebook_from_bytes,
                                submitted_bytes)
-from autograder.options import SIMILARITY_NOISE, SIMILARITY_PAIRS
+from autograder.options import MAX_CELLS, SIMILARITY_NOISE, SIMILARITY_PAIRS
 from autograder.pipeline.rebuild import added_by_the_grader, grade_id_of, is_answer, rebuild
 
 LANGUAGE = "python"  # the tokenizer copydetect uses (Pygments'); notebooks of the course are Python
 OWN_CELL = "own cell"  # how a cell the learner added is named, with its number in the notebook
-# Written between two cells of a hand-in, and kept through copydetect's normalising (a number
-# stays as it is): a fingerprint that holds it spans two cells, and is dropped.
-CELL_BREAK = "0xCE11B4EA4"
+# Written between two cells of a hand-in and in place of each given line, and kept through
+# copydetect's normalising (a number stays as it is): a fingerprint that holds it spans two
+# cells, or the learner's code on both sides of given code, and is dropped.
+BREAK = "0xCE11B4EA4"
 
 
 @dataclass(frozen=True)
@@ -142,17 +143,16 @@ def answer_cells(notebook: str, reference, submitted) -> List[AnswerCell]:
 def handin(learner: str, sources: Mapping[str, SourceNotebook], files: Mapping[str, Path],
            root: Optional[Path] = None) -> Handin:
     """``learner``'s hand-in from their notebook files (notebook name -> path), read as
-    data (:func:`~autograder.layout.submitted_bytes`: never through a link, nothing outside
-    ``root``); a file that cannot be read is a note, not an error."""
+    grading reads them (:func:`~autograder.layout.submitted_bytes`: never through a link,
+    nothing outside ``root``); a file that grading could not read is a note, not an error."""
     cells: List[AnswerCell] = []
     notes: List[str] = []
     for name in sorted(set(files) & set(sources)):
         try:
-            nb, _ = notebook_from_bytes(submitted_bytes(files[name], root))
+            nb, _ = notebook_from_bytes(submitted_bytes(files[name], root), max_cells=MAX_CELLS)
+            cells += answer_cells(name, sources[name].graded_view, nb)
         except ValueError as error:
             notes.append(f"{learner}: {name}.ipynb: {error}")
-            continue
-        cells += answer_cells(name, sources[name].graded_view, nb)
     return Handin(learner, tuple(cells), tuple(notes))
 
 
@@ -189,6 +189,8 @@ def given_code(sources: Mapping[str, SourceNotebook], more: Sequence[Path] = ())
     pieces = [_source(cell) for source in sources.values()
               for cell in source.graded_view.cells if cell.cell_type == "code"]
     for path in map(Path, more):
+        if not path.exists():
+            raise FileNotFoundError(f"{path}: no such file or folder of given code")
         files = [path] if path.is_file() else sorted(
             p for p in path.rglob("*") if p.suffix in (".py", ".ipynb")
             and not any(IGNORED.match(part) for part in p.relative_to(path).parts))
@@ -205,7 +207,8 @@ def given_code(sources: Mapping[str, SourceNotebook], more: Sequence[Path] = ())
 
 @dataclass
 class _Document:
-    """A hand-in's answer code as one text (given lines blank), with where each line is."""
+    """A hand-in's answer code as one text (a :data:`BREAK` for each given line and after
+    each cell), with where each line is (a given line: nowhere, an empty span)."""
     handin: Handin
     text: str
     places: List[Tuple[int, int, int, int]]  # (cell index, line index, start, end) in text
@@ -216,27 +219,25 @@ def _document(handin: Handin) -> _Document:
     parts, places, at = [], [], 0
     for index, cell in enumerate(handin.cells):
         for number, (line, given) in enumerate(zip(cell.lines, cell.given)):
-            shown = "" if given else line
-            places.append((index, number, at, at + len(shown)))
-            parts.append(shown + "\n")
-            at += len(shown) + 1
-        parts.append(CELL_BREAK + "\n")
-        at += len(CELL_BREAK) + 1
+            places.append((index, number, at, at + (0 if given else len(line))))
+            parts.append((BREAK if given else line) + "\n")
+            at += len(parts[-1])
+        parts.append(BREAK + "\n")
+        at += len(BREAK) + 1
     return _Document(handin, "".join(parts), places)
 
 
 def _fingerprint(code: str, given: frozenset = frozenset()):
     """copydetect's fingerprint of ``code``, every k-gram kept but those of ``given`` and
-    those across a :data:`CELL_BREAK` (done here: copydetect's own boilerplate filter
-    assumes that no k-gram repeats in a file)."""
+    those across a :data:`BREAK` (done here: copydetect's own boilerplate filter assumes
+    that no k-gram repeats in a file)."""
     from copydetect import CodeFingerprint
     from copydetect.utils import get_token_coverage
     found = CodeFingerprint("answer.py", SIMILARITY_NOISE, 1, language=LANGUAGE,
                             fp=io.StringIO(code))
     k, normalised = found.k, found.filtered_code
-    breaks = [at.start() for at in re.finditer(re.escape(CELL_BREAK), normalised)]
-    across = {start for at in breaks
-              for start in range(max(0, at - k + 1), at + len(CELL_BREAK))}
+    breaks = [at.start() for at in re.finditer(re.escape(BREAK), normalised)]
+    across = {start for at in breaks for start in range(max(0, at - k + 1), at + len(BREAK))}
     kept = {}
     for value, starts in found.hash_idx.items():
         starts = [start for start in starts if start not in across]
