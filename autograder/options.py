@@ -78,6 +78,11 @@ SERVICE_FD_PER_JOB = 32         # this many per grader (its kernel's sockets and
 SERVICE_ERROR_BACKOFF = (0.5, 30.0)  # seconds a grader waits after an error: first, longest
 SERVICE_KEEP_FILES = 5          # attempts whose files are kept (service.toml keep_files)
 
+# Similarity of hand-ins (`python -m autograder similarity`, /instructor/similarity/NAME).
+SIMILARITY_NOISE = 25           # characters of normalised code a match must span at least
+#                                 (copydetect's noise threshold, its default)
+SIMILARITY_PAIRS = 30           # the most alike pairs shown, with their matching lines
+
 
 @dataclass(frozen=True)
 class ServiceLimits:
@@ -201,7 +206,8 @@ def available_cores() -> int:
 # (c.Autograder.<dest>, config_defaults) are all made from OPTIONS.
 
 GRADING = ("grade", "check", "serve", "mutants")      # the commands that run kernels
-COURSE_COMMANDS = ("grade", "serve", "gradescope", "mutants")   # those that take --course
+COURSE_COMMANDS = ("grade", "serve", "gradescope", "mutants",   # those that take --course
+                   "similarity")
 
 
 def positive(kind, zero: bool = False):

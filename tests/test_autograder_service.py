@@ -488,8 +488,9 @@ def test_a_wrong_token_is_refused_on_every_route(service, alan_submitted):
     n = alan_submitted[1]
     routes = [("GET", "/"), ("GET", f"/submissions/{n}"), ("GET", f"/submissions/{n}.json"),
               ("GET", f"/submissions/{n}/notebook"), ("GET", "/instructor"),
-              ("GET", "/instructor/grades.csv"), ("GET", "/no/such/page"),
-              ("POST", "/submit"), ("POST", "/instructor/regrade"), ("POST", "/signout")]
+              ("GET", "/instructor/grades.csv"), ("GET", "/instructor/similarity/demo"),
+              ("GET", "/no/such/page"), ("POST", "/submit"), ("POST", "/instructor/regrade"),
+              ("POST", "/signout")]
     for token in ("wrong", "", people["alan"][:-1]):
         for method, path in routes:
             status, body = request(server.url + path, token, method=method,
@@ -500,7 +501,7 @@ def test_a_wrong_token_is_refused_on_every_route(service, alan_submitted):
     for method, path in routes[:4]:  # and with no credentials at all
         assert request(server.url + path, method=method)[0] == 401
     # A learner sees neither the instructor's pages nor another learner's uploads.
-    for path in ("/instructor", "/instructor/grades.csv"):
+    for path in ("/instructor", "/instructor/grades.csv", "/instructor/similarity/demo"):
         assert request(server.url + path, people["grace"])[0] == 403
     assert request(f"{server.url}/submissions/{n}.json", people["grace"])[0] == 404
     assert request(f"{server.url}/submissions/{n}/notebook", people["grace"])[0] == 404

@@ -1,5 +1,5 @@
-"""Command line: ``python -m autograder grade``, ``check``, ``serve``, ``submit``, ``gradescope``
-and ``mutants``."""
+"""Command line: ``python -m autograder grade``, ``check``, ``serve``, ``submit``, ``gradescope``,
+``mutants`` and ``similarity``."""
 from __future__ import annotations
 
 import argparse
@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from autograder.options import (SERVICE_HOST, SERVICE_PORT, SERVICE_SESSION_DAYS,
-                      SERVICE_SUBMIT_WAIT, options_of)
+                      SERVICE_SUBMIT_WAIT, SIMILARITY_PAIRS, options_of)
 from autograder.options import positive as _positive
 
 KERNEL_OPTIONS = ("kernel", "memory", "disk", "processes")
@@ -148,6 +148,33 @@ def parser(defaults: Optional[Dict[str, Dict[str, object]]] = None
                               "TEST_SEED; a mutant is killed only if every copy loses points "
                               "(default %(default)s)")
     add_options(mutants, "mutants", *TIME_LIMITS, *KERNEL_OPTIONS)
+
+    similarity = commands.add_parser(
+        "similarity", help="rank the pairs of learners whose answers are most alike, to look "
+                           "at by hand",
+        description="Compare the answer code of every pair of learners' hand-ins of "
+                    "ASSIGNMENT, leaving out the code the course gave them, and print the "
+                    "pairs ranked, most alike first. It only points; it changes no grade.")
+    similarity.add_argument("assignment", metavar="ASSIGNMENT",
+                            help="the assignment (a folder of the course's source directory)")
+    add_options(similarity, "similarity", "course")
+    handins = similarity.add_mutually_exclusive_group()
+    handins.add_argument("--submitted", type=Path, default=None, metavar="DIR",
+                         help="nbgrader's folder of submissions, DIR/<learner>/ASSIGNMENT/"
+                              "*.ipynb (default: the course's submitted directory)")
+    handins.add_argument("--db", type=Path, default=None, metavar="PATH",
+                         help="instead, the submission service's database: each learner's "
+                              "latest upload, as the service's page compares them")
+    similarity.add_argument("--given", type=Path, action="append", default=[],
+                            metavar="PATH", help="more code the course gave learners (a "
+                            "Python file, a notebook or a folder of them), left out like the "
+                            "released notebooks' code; may be repeated")
+    similarity.add_argument("--top", type=_positive(int), default=SIMILARITY_PAIRS,
+                            metavar="N", help="the pairs shown (default %(default)s)")
+    similarity.add_argument("--json", type=Path, default=None, metavar="FILE",
+                            help="also write the report, matching lines included, as JSON")
+    similarity.add_argument("--html", type=Path, default=None, metavar="FILE",
+                            help="also write the report as a web page (the service's page)")
     for name, values in (defaults or {}).items():
         commands.choices[name].set_defaults(**values)
     return top
@@ -460,4 +487,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return run_gradescope(args)
     if args.command == "mutants":
         return run_mutants(args)
+    if args.command == "similarity":
+        from autograder.commands.similarity import run_similarity
+        return run_similarity(args, course_of(args))
     return run_check(args)

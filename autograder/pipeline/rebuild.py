@@ -59,6 +59,9 @@ KERNELSPEC = {"name": "python3", "display_name": "Python 3 (ipykernel)", "langua
 # The instructor's tag for a read-only cell the grader does not run (a learner's copy of
 # the tag has no effect: known cells get the reference's metadata, the learner's own none).
 SKIP_WHEN_GRADING = "skip-when-grading"
+# The ids of the cells the grader puts in: two on top, and one after the cell that assigns
+# TEST_SEED (none of them is the learner's or the course's: see added_by_the_grader).
+PARAMETERS_ID, SETUP_ID, SEED_ID = "autograder-parameters", "autograder-setup", "seed-{}"
 
 
 @dataclass(frozen=True)
@@ -128,6 +131,13 @@ def is_setup(cell) -> bool:
 def skipped_when_grading(cell) -> bool:
     """A read-only code cell the instructor tagged ``skip-when-grading``."""
     return is_setup(cell) and SKIP_WHEN_GRADING in cell.get("metadata", {}).get("tags", [])
+
+
+def added_by_the_grader(cell) -> bool:
+    """A cell of a rebuilt notebook that the grader put in (its parameters, its setup, this
+    run's seed): neither the learner's nor the course's."""
+    cell_id = cell.get("id", "")
+    return cell_id in (PARAMETERS_ID, SETUP_ID) or cell_id.startswith(SEED_ID.format(""))
 
 
 def is_manual(cell) -> bool:
@@ -483,7 +493,7 @@ def rebuild(reference: nbformat.NotebookNode, submitted: nbformat.NotebookNode, 
         body.extend((None, own) for own in own_after.get(gid, []))
 
     cells = [parameters_cell(device, profile), _fresh("code", SETUP_SOURCE, {})]
-    cells[0]["id"], cells[1]["id"] = "autograder-parameters", "autograder-setup"
+    cells[0]["id"], cells[1]["id"] = PARAMETERS_ID, SETUP_ID
     setup_code = "\n\n".join(ref.source for gid, ref in ref_cells.items()
                              if is_setup(ref) and not skipped_when_grading(ref))
     known = setup_names(setup_code)
@@ -523,7 +533,7 @@ def rebuild(reference: nbformat.NotebookNode, submitted: nbformat.NotebookNode, 
         if is_setup(ref) and assigns_seed(ref.source):
             cells.append(cell)
             seed_cell = _fresh("code", f"{SEED_NAME} = {int(seed)}  # this run's test inputs", {})
-            seed_cell["id"] = f"seed-{number}"
+            seed_cell["id"] = SEED_ID.format(number)
             cells.append(seed_cell)
             continue
         if is_answer(ref) or is_manual(ref):

@@ -34,6 +34,7 @@ from autograder.layout import MAX_NOTEBOOK_BYTES, too_big
 from autograder.options import SERVICE_FORM_OVERHEAD, SERVICE_LONG_POLL, SERVICE_REFRESH
 from autograder.service.auth import Refused, bearer
 from autograder.service.board import NAME_MAX, NameRefused, display_name
+from autograder.service import similarity
 from autograder.service.db import DONE, GRADING, QUEUED, Row, when
 from autograder.feedback import mark as test_mark, test_points
 
@@ -475,7 +476,7 @@ class Instructor(Base):
         by_id = {r.id: r for r in rows}
         queue = [(str(i + 1), by_id[n]) for i, n in enumerate(service.store.queue())]
         queue += [("grading", r) for r in rows if r.state == GRADING]
-        self.page("instructor.html",
+        self.page("instructor.html", assignments=service.assignments,
                   columns=[a if len(service.sources[a]) == 1 else f"{a}/{n}"
                            for a, n in columns],
                   matrix=matrix, queue=queue, every=list(reversed(rows)),
@@ -501,6 +502,29 @@ class Regrade(Base):
         self.redirect(self.url("instructor"), status=303)
 
 
+class Similarity(Base):
+    """``/instructor/similarity/ASSIGNMENT``: the pairs of learners whose latest uploads are
+    most alike, with their matching lines (:mod:`.similarity`, as the ``similarity``
+    command). Compared off the event loop: seconds for a large course."""
+    instructors_only = True
+
+    async def get(self, assignment: str) -> None:
+        if assignment not in self.service.sources:
+            return self.refuse(404, "No such assignment.")
+        report = await IOLoop.current().run_in_executor(
+            None, similarity.of_uploads, self.service, assignment)
+        self.page("similarity.html", report=report, percent=similarity.percent,
+                  source="each learner's latest upload")
+
+
+def similarity_file(report: similarity.Report, source: str) -> str:
+    """The similarity page as a file of its own (``similarity --html``): the same template,
+    no one signed in, so no sign-in bar and no links into the service."""
+    return TEMPLATES.load("similarity.html").generate(
+        style=STYLE, refresh=None, person=None, report=report, percent=similarity.percent,
+        source=source).decode()
+
+
 class NotFound(Base):
     def get(self, *args) -> None:
         self.refuse(404, "No such page.")
@@ -516,6 +540,7 @@ def routes(prefix: str = "/"):
             (at + r"submissions/([\w-]+)/notebook", Notebook),
             (at + r"instructor", Instructor), (at + r"instructor/grades\.csv", GradesCsv),
             (at + r"instructor/regrade", Regrade), (at + r"leaderboard", BoardName),
+            (at + r"instructor/similarity/([^/]+)", Similarity),
             (at + r"leaderboard/([^/]+?)(\.json)?", Leaderboard)]
 
 
