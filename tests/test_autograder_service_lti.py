@@ -287,3 +287,40 @@ def test_a_bad_lti_table_is_a_clear_error(tmp_path, text, says):
     with pytest.raises(ConfigError, match=re.escape(says)):
         read_rules(tmp_path, ["demo"])
         read_lti(tmp_path)
+
+
+def test_a_schema_6_database_gets_the_lti_tables_keeping_its_rows(tmp_path):
+    """Version 7 adds the LTI tables, empty; the file as it was is kept beside it."""
+    from autograder.service.db import SCHEMA_VERSION
+    path = tmp_path / "service.db"
+    store = Store(path)
+    store.set_token("alan", "alans-token")
+    with sqlite3.connect(path) as db:  # the same file as the version 6 service left it
+        for (table,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND "
+                                   "name LIKE 'lti_%'").fetchall():
+            db.execute(f"DROP TABLE {table}")
+        db.execute("PRAGMA user_version = 6")
+    store = Store(path)
+    assert SCHEMA_VERSION == 7 and store.person_of("alans-token") == "alan"
+    assert store.lti_people() == {} and store.scores_outbox() == []
+    assert store.lti_person("https://lms", "d", "u1", "learner", "U", person_id) == \
+        person_id("https://lms", "d", "u1")
+    with sqlite3.connect(tmp_path / "service.db.schema6") as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == 6
+
+
+def test_a_score_queued_before_its_assignment_was_closed_is_never_sent(tmp_path):
+    """Closing an assignment (sync_grades = false, then a restart) stops what is queued: the
+    outbox marks it closed without asking the LMS (whose address here answers nothing)."""
+    from autograder.service.config import Rules
+    from autograder.service.lti import Outbox
+    (tmp_path / "k.pem").write_text(new_key_pem())
+    (tmp_path / "service.toml").write_text('[lti]\nprivate_key = "k.pem"\n' + PLATFORM)
+    store = Store(tmp_path / "service.db")
+    store.set_lti_link("lti-a", "demo", "https://lms.example.edu", "c", "u1",
+                       "https://127.0.0.1:9/lineitems/demo", None)
+    store.queue_score("lti-a", "demo", 6.0, 8.0)
+    outbox = Outbox(Tool(read_lti(tmp_path), store, {"demo": Rules(sync_grades=False)}),
+                    log=lambda text: None)
+    assert outbox.send_due() == 0
+    assert [row[4] for row in store.scores_outbox()] == ["closed"]
