@@ -32,7 +32,7 @@ from autograder.service.db import Store
 from autograder.service.lti import STATE_COOKIE, Tool, next_link, person_id
 from tests.autograder_fixtures.submissions import COURSE, answered
 from tests.lti_platform import DEPLOYMENT, ISSUER, Lms, new_key_pem, wait_for
-from tests.test_autograder_service import ROSTER, Server
+from tests.test_autograder_service import ROSTER, Server, autograder
 from tests.test_autograder_service_signin import Browser
 
 USERS = {"u-alan": "learner", "u-grace": "learner", "u-mary": "learner", "u-ada": "instructor"}
@@ -245,8 +245,11 @@ def test_an_instructor_adds_an_assignment_by_deep_linking_and_reads_the_roster(l
     assert status == 403 and "only the course's instructors" in html.unescape(page)
     # the roster, from the LMS's NRPS with a client-credentials token (the learners'
     # launches recorded where it is)
-    tool = Tool(read_lti(server.course), Store(server.course / "service.db"), {})
-    members = {m["user_id"]: m for m in tool.members()}
+    listed = autograder("serve", "--course", server.course, "--lti-roster", timeout=120)
+    assert listed.returncode == 0, listed.stderr
+    members = {line.split("\t")[1]: dict(zip(("person", "user_id", "role", "status", "name"),
+                                             line.split("\t")))
+               for line in listed.stdout.splitlines() if not line.startswith("#")}
     assert set(members) == set(USERS)
     assert members["u-alan"]["person"] == person_id(ISSUER, DEPLOYMENT, "u-alan")
     assert members["u-ada"]["role"] == "instructor" and members["u-mary"]["role"] == "learner"
@@ -318,7 +321,7 @@ def test_a_score_queued_before_its_assignment_was_closed_is_never_sent(tmp_path)
     (tmp_path / "service.toml").write_text('[lti]\nprivate_key = "k.pem"\n' + PLATFORM)
     store = Store(tmp_path / "service.db")
     store.set_lti_link("lti-a", "demo", "https://lms.example.edu", "c", "u1",
-                       "https://127.0.0.1:9/lineitems/demo", None)
+                       "https://127.0.0.1:9/lineitems/demo")
     store.queue_score("lti-a", "demo", 6.0, 8.0)
     outbox = Outbox(Tool(read_lti(tmp_path), store, {"demo": Rules(sync_grades=False)}),
                     log=lambda text: None)

@@ -108,8 +108,13 @@ CREATE TABLE IF NOT EXISTS lti_links (
     client_id TEXT NOT NULL,
     sub TEXT NOT NULL,                    -- the score's userId
     lineitem TEXT NOT NULL,
-    memberships TEXT,                     -- the course's roster service (NRPS), if offered
     PRIMARY KEY (person, assignment)
+);
+CREATE TABLE IF NOT EXISTS lti_rosters (
+    memberships TEXT PRIMARY KEY,         -- a course's roster service (NRPS), as a launch
+    issuer TEXT NOT NULL,                 -- offered it
+    client_id TEXT NOT NULL,
+    deployment TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS lti_scores (
     id INTEGER PRIMARY KEY AUTOINCREMENT, -- the outbox: scores for the LMS, sent in order
@@ -619,11 +624,18 @@ class Store:
         return True
 
     def set_lti_link(self, person: str, assignment: str, issuer: str, client_id: str, sub: str,
-                     lineitem: str, memberships: Optional[str]) -> None:
+                     lineitem: str) -> None:
         with self._write() as db:
             db.execute("INSERT OR REPLACE INTO lti_links (person, assignment, issuer, client_id, "
-                       "sub, lineitem, memberships) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                       (person, assignment, issuer, client_id, sub, lineitem, memberships))
+                       "sub, lineitem) VALUES (?, ?, ?, ?, ?, ?)",
+                       (person, assignment, issuer, client_id, sub, lineitem))
+
+    def set_lti_roster(self, memberships: str, issuer: str, client_id: str,
+                       deployment: str) -> None:
+        with self._write() as db:
+            db.execute("INSERT OR REPLACE INTO lti_rosters (memberships, issuer, client_id, "
+                       "deployment) VALUES (?, ?, ?, ?)",
+                       (memberships, issuer, client_id, deployment))
 
     def lti_link(self, person: str, assignment: str) -> Optional[Tuple[str, str, str, str]]:
         """(issuer, client_id, sub, lineitem) where ``person``'s score of ``assignment`` goes."""
@@ -632,11 +644,12 @@ class Store:
                                "person = ? AND assignment = ?", (person, assignment)).fetchone()
         return tuple(found) if found else None
 
-    def roster_services(self) -> List[Tuple[str, str, str]]:
-        """(issuer, client_id, memberships URL) of each course roster an LMS offered."""
+    def roster_services(self) -> List[Tuple[str, str, str, str]]:
+        """(issuer, client_id, deployment, memberships URL) of each course roster an LMS
+        offered at a launch."""
         with self._db() as db:
-            return db.execute("SELECT DISTINCT issuer, client_id, memberships FROM lti_links "
-                              "WHERE memberships IS NOT NULL").fetchall()
+            return db.execute("SELECT issuer, client_id, deployment, memberships FROM "
+                              "lti_rosters ORDER BY memberships").fetchall()
 
     def queue_score(self, person: str, assignment: str, score: float, max_score: float,
                     state: str = "pending") -> Optional[int]:

@@ -150,6 +150,8 @@ class Tool:
                                 "assignment from the LMS again")
         nonce, issuer, client_id = login
         platform = self.config.platform(issuer, client_id)
+        if platform is None:  # registered when the login began, no more
+            raise LaunchRefused(f"the LMS {issuer!r} is not registered here any more")
         try:
             key = self.key_set(platform).get_signing_key_from_jwt(id_token)
             claims = jwt.decode(id_token, key.key, algorithms=["RS256"], audience=client_id,
@@ -207,8 +209,10 @@ class Tool:
                                        launch.role, launch.name, person_id)
         if launch.assignment and launch.lineitem:
             self.store.set_lti_link(person, launch.assignment, launch.platform.issuer,
-                                    launch.platform.client_id, launch.sub, launch.lineitem,
-                                    launch.memberships or None)
+                                    launch.platform.client_id, launch.sub, launch.lineitem)
+        if launch.memberships:
+            self.store.set_lti_roster(launch.memberships, launch.platform.issuer,
+                                      launch.platform.client_id, launch.deployment)
         return person
 
     def deep_link_response(self, launch: Launch, assignment: str, title: str,
@@ -287,12 +291,11 @@ class Tool:
         """The course's members from each roster service (NRPS) the LMS offered at a launch:
         dicts with the person id they have here, their user id there, roles, name, status."""
         found = []
-        for issuer, client_id, url in self.store.roster_services():
+        for issuer, client_id, deployment, url in self.store.roster_services():
             platform = self.config.platform(issuer, client_id)
             if platform is None:
                 continue
             token = self.access_token(platform, NRPS_SCOPE)
-            deployment = platform.deployment_ids[0]
             while url:
                 headers, page = http_json(
                     "GET", url, None,

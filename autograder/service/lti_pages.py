@@ -89,6 +89,7 @@ class Launch(LtiBase):
         if not launch.deep_link_return:
             raise LaunchRefused("the deep-linking request has no deep_link_return_url")
         self.clear_cookie(STATE_COOKIE, path=self.url("lti/"))
+        self.service.lti.sign_in(launch)  # who they are here, and the course's roster service
         choices = []
         for assignment in self.service.assignments:
             points = self.service.max_points(assignment)
