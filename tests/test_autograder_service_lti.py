@@ -155,6 +155,9 @@ def test_a_learner_launched_from_the_lms_hands_in_and_the_score_arrives_after_th
     assert status == 303 and headers["Location"] == "/instructor"
     status, _, grades = teacher.get("/instructor/grades.csv")
     assert status == 200 and f"{alan},demo,demo,5,8" in grades, grades
+    status, _, page = teacher.get("/instructor")
+    assert f"<tr><td>{alan}</td><td>demo</td><td>5/8</td><td>sent</td><td>" in page, page
+    assert f"<td>{alan}</td>" in page.split("<h2>Queue")[0]  # a learner of the matrix
 
 
 @pytest.mark.integration
