@@ -133,6 +133,8 @@ def test_a_learner_launched_from_the_lms_hands_in_and_the_score_arrives_after_th
         assert db.execute("SELECT issuer, deployment, sub, role FROM lti_people WHERE person "
                           "= ?", (alan,)).fetchall() == [(ISSUER, DEPLOYMENT, "u-alan",
                                                           "learner")]
+    status, _, page = browser.get("/instructor")  # an LMS learner is a learner here
+    assert status == 403 and "for instructors" in page
     again = Browser(server.url)
     assert launch(again, lms, "u-alan", "link:demo")[0] == 303 and again.who() == alan
 

@@ -15,7 +15,9 @@ until the upload changes state, at most ``SERVICE_LONG_POLL`` seconds),
 ``/submissions/ID/notebook`` (the executed notebook),
 ``/leaderboard/ASSIGNMENT`` and its ``.json`` (the speed leaderboard, :mod:`.board`),
 ``POST /leaderboard`` (join it under a display name, change it, or leave),
-``/instructor``, ``/instructor/grades.csv``, ``POST /instructor/regrade``, and ``/health``
+``/instructor``, ``/instructor/grades.csv``, ``POST /instructor/regrade``, with ``[lti]`` in
+service.toml the LMS's ``/lti/login``, ``/lti/launch`` and ``/lti/jwks`` (:mod:`.lti_pages`,
+``guide/lti.md``), and ``/health``
 (for an instructor's monitor, open to anyone and naming no one: graders alive, queue
 length, the oldest upload's wait; 503 when the graders are dead or the queue is stuck).
 
