@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import urllib.parse
 
+from tornado.ioloop import IOLoop
+
 from autograder.service.config import Person
 from autograder.service.lti import DEEP_LINKING, STATE_COOKIE, LOGIN_SECONDS, LaunchRefused
 from autograder.service.pages import Base, content_security_policy
@@ -61,12 +63,13 @@ class Login(LtiBase):
 
 
 class Launch(LtiBase):
-    def post(self) -> None:
+    async def post(self) -> None:
         lti = self.service.lti
         try:
-            launch = lti.launch(self.get_body_argument("id_token", ""),
-                                self.get_body_argument("state", ""),
-                                self.get_cookie(STATE_COOKIE))
+            # off the event loop: the LMS's keys may have to be fetched (cached 5 minutes)
+            launch = await IOLoop.current().run_in_executor(
+                None, lti.launch, self.get_body_argument("id_token", ""),
+                self.get_body_argument("state", ""), self.get_cookie(STATE_COOKIE))
             if launch.message_type == DEEP_LINKING:
                 return self.deep_linking(launch)
             if launch.assignment not in self.service.assignments:
