@@ -226,7 +226,7 @@ class Lms:
         if found:
             if self.down:
                 self.refused_posts += 1
-                return handler.answer(503, {"error": "the LMS is down for maintenance"})
+                return handler.answer(503, {"error": "the LMS is <b>down</b> for maintenance"})
             response = Grades(request, config, self, found.group(1)).handle_update_score(
                 found.group(1))
             return handler.answer(response.code, {"status": response.message})

@@ -139,8 +139,8 @@ def test_a_learner_launched_from_the_lms_hands_in_and_the_score_arrives_after_th
     assert launch(again, lms, "u-alan", "link:demo")[0] == 303 and again.who() == alan
 
     feedback = hand_in(browser, answered(squares=HALF), "demo")
-    wait_for(lambda: "points" in browser.get(feedback)[2] and
-             "Being graded" not in browser.get(feedback)[2], 120, "the grade")
+    wait_for(lambda: "Download the executed notebook" in browser.get(feedback)[2], 120,
+             "the grade")
     wait_for(lambda: any(row[5] >= 2 for row in outbox(server)), 30, "two failed posts")
     assert lms.scores["demo"] == {} and lms.refused_posts >= 2
     lms.down = False
@@ -159,6 +159,8 @@ def test_a_learner_launched_from_the_lms_hands_in_and_the_score_arrives_after_th
     assert status == 200 and f"{alan},demo,demo,5,8" in grades, grades
     status, _, page = teacher.get("/instructor")
     assert f"<tr><td>{alan}</td><td>demo</td><td>5/8</td><td>sent</td><td>" in page, page
+    # the LMS's last error is shown, as text
+    assert "&lt;b&gt;down&lt;/b&gt;" in page and "<b>down" not in page
     assert f"<td>{alan}</td>" in page.split("<h2>Queue")[0]  # a learner of the matrix
 
 
