@@ -73,6 +73,7 @@ class Lms:
         self.scores: Dict[str, Dict[str, dict]] = {a: {} for a in assignments}
         self.score_posts: List[dict] = []   # every score the LMS took, in order
         self.refused_posts = 0              # score posts answered 503 while down
+        self.tokens_issued = 0              # client-credentials tokens given to the tool
         self.down = False
         self.deep_links: List[dict] = []    # content items of deep-linking answers taken
         self.tamper: Optional[Callable[[dict], dict]] = None  # changes a launch's claims
@@ -221,6 +222,7 @@ class Lms:
             return handler.answer(200, f'<form method=post action="{data["launch_url"]}">'
                                   f"{form}</form>", "text/html")
         if path == "/token":
+            self.tokens_issued += 1
             return handler.answer(200, config.get_access_token(request.form_data))
         found = re.fullmatch(r"/lineitems/([\w-]+)/scores", path)
         if found:

@@ -283,9 +283,19 @@ class Tool:
         address = urllib.parse.urlsplit(lineitem)
         scores = urllib.parse.urlunsplit(address._replace(path=address.path.rstrip("/") +
                                                           "/scores"))
-        http_json("POST", scores, json.dumps(body).encode(),
-                  {"Content-Type": "application/vnd.ims.lis.v1.score+json",
-                   "Authorization": f"Bearer {token}"})
+        try:
+            http_json("POST", scores, json.dumps(body).encode(),
+                      {"Content-Type": "application/vnd.ims.lis.v1.score+json",
+                       "Authorization": f"Bearer {token}"})
+        except OSError:
+            self.forget_token(platform)  # revoked, or the LMS restarted: a new one next time
+            raise
+
+    def forget_token(self, platform: Platform) -> None:
+        with self._lock:
+            for key in [k for k in self._tokens if k[:2] == (platform.issuer,
+                                                             platform.client_id)]:
+                del self._tokens[key]
 
     def members(self) -> List[dict]:
         """The course's members from each roster service (NRPS) the LMS offered at a launch:
