@@ -126,8 +126,6 @@ class Lms:
     def login_url(self, user: str, message: str) -> str:
         """Where the LMS sends ``user``'s browser to start a launch (the tool's login);
         ``message``: "link:ASSIGNMENT" or "deep-link"."""
-        platform = self
-
         class Login(OIDCLoginAbstract):
             def set_lti_message_hint(self, **kwargs) -> None:
                 self._lti_message_hint = kwargs["hint"]

@@ -206,8 +206,6 @@ def run_grade(args: argparse.Namespace) -> int:
     """Choose the runner once (this machine or a Dask cluster), then grade. The runner
     starts its spawners first: a fork server imports while we import and prepare."""
     notebooks = _assignment_notebooks(args)
-    if args.lti_roster:
-        return print_lti_roster(service)
     if args.scheduler:
         from autograder.runners.cluster import Cluster, ClusterError
         try:
