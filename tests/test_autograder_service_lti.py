@@ -16,6 +16,8 @@ import html
 import re
 import shutil
 import sqlite3
+import subprocess
+import textwrap
 import time
 import urllib.parse
 from datetime import datetime
@@ -43,6 +45,16 @@ PLATFORM = ('[[lti.platforms]]\nissuer = "https://lms.example.edu"\nclient_id = 
 HALF = "def squares(n):\n    return [k * k for k in range(1, n + 1)]"  # loses points
 
 
+def make_key(path: Path) -> None:
+    """The tool's key, made with the guide's command (or, without openssl, the same kind)."""
+    if shutil.which("openssl"):
+        subprocess.run(["openssl", "genpkey", "-algorithm", "RSA", "-pkeyopt",
+                        "rsa_keygen_bits:2048", "-out", str(path)], check=True,
+                       capture_output=True, timeout=60)
+    else:
+        path.write_text(new_key_pem())
+
+
 def lti_course(folder: Path, lms: Lms) -> Path:
     """The fixture course with a second assignment, ``frozen``, closed for syncing, and the
     LMS registered in service.toml."""
@@ -50,7 +62,7 @@ def lti_course(folder: Path, lms: Lms) -> Path:
     shutil.copytree(COURSE, course)
     shutil.copytree(course / "solutions" / "demo", course / "solutions" / "frozen")
     (course / "roster.toml").write_text(ROSTER)
-    (course / "lti-key.pem").write_text(new_key_pem())
+    make_key(course / "lti-key.pem")
     (course / "service.toml").write_text(
         '[assignments.frozen]\nsync_grades = false\n'
         '[lti]\nprivate_key = "lti-key.pem"\nretry_seconds = 0.3\nretry_max_seconds = 1\n'
@@ -336,3 +348,23 @@ def test_a_score_queued_before_its_assignment_was_closed_is_never_sent(tmp_path)
                     log=lambda text: None)
     assert outbox.send_due() == 0
     assert [row[4] for row in store.scores_outbox()] == ["closed"]
+
+
+def test_the_guide_s_service_toml_and_key_command_make_a_tool(tmp_path):
+    """guide/lti.md's ``[lti]`` example, with a key from its openssl command, is read as it
+    says: the platform's fields, and sync_grades for the assignment."""
+    from autograder.service.config import read_rules
+    guide = (Path(__file__).resolve().parent.parent / "guide" / "lti.md").read_text()
+    example = textwrap.dedent(re.search(r"```toml\n( *\[lti\].*?) *```", guide,
+                                        re.S).group(1))
+    assert "openssl genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:2048 -out " \
+        "COURSE/lti-key.pem" in guide
+    make_key(tmp_path / "lti-key.pem")
+    (tmp_path / "service.toml").write_text(example)
+    config = read_lti(tmp_path)
+    platform, = config.platforms
+    assert platform.issuer == "https://canvas.instructure.com"
+    assert platform.deployment_ids == ("1:abc123",) and config.retry_seconds == 30
+    assert read_rules(tmp_path, ["demo"])[1]["demo"].sync_grades is True
+    tool = Tool(config, Store(tmp_path / "service.db"), {})
+    assert tool.jwks["keys"][0]["kty"] == "RSA"
