@@ -12,7 +12,11 @@ launch adds an assignment; the roster comes from the LMS.
 """
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
 import html
+import json
 import re
 import shutil
 import sqlite3
@@ -33,7 +37,7 @@ from autograder.service.config import ConfigError, read_lti
 from autograder.service.db import Store
 from autograder.service.lti import STATE_COOKIE, Tool, next_link, person_id
 from tests.autograder_fixtures.submissions import COURSE, answered
-from tests.lti_platform import DEPLOYMENT, ISSUER, Lms, new_key_pem, wait_for
+from tests.lti_platform import DEPLOYMENT, ISSUER, Lms, new_key_pem, public_pem, wait_for
 from tests.test_autograder_service import ROSTER, Server, autograder
 from tests.test_autograder_service_signin import Browser
 
@@ -43,6 +47,10 @@ PLATFORM = ('[[lti.platforms]]\nissuer = "https://lms.example.edu"\nclient_id = 
             'auth_token_url = "https://lms.example.edu/token"\n'
             'key_set_url = "https://lms.example.edu/jwks"\n')
 HALF = "def squares(n):\n    return [k * k for k in range(1, n + 1)]"  # loses points
+
+
+def b64(data: bytes) -> bytes:
+    return base64.urlsafe_b64encode(data).rstrip(b"=")
 
 
 def make_key(path: Path) -> None:
@@ -192,6 +200,19 @@ def test_a_forged_replayed_misaddressed_or_expired_launch_is_refused(lms_service
     status, _, page = post_launch(browser, action, forged)
     assert status == 403 and "signature or content is not valid" in page, page
     assert browser.who() == ""
+    # unsigned ("alg": "none"), and HS256 keyed with the LMS's public key (which anyone can
+    # fetch): the tool takes RS256 only
+    public = public_pem(lms.private_key).encode()
+    for alg, sign in (("none", lambda data: b""),
+                      ("HS256", lambda data: hmac.new(public, data, hashlib.sha256).digest())):
+        fields, action = follow_to_form(browser, lms, "u-mary", "link:demo")
+        head = b64(json.dumps({"alg": alg, "typ": "JWT", "kid": kid}).encode())
+        data = head + b"." + b64(json.dumps(dict(claims, nonce=jwt.decode(
+            fields["id_token"], options={"verify_signature": False})["nonce"])).encode())
+        token = (data + b"." + b64(sign(data))).decode()
+        status, _, page = post_launch(browser, action, dict(fields, id_token=token))
+        assert status == 403 and "signature or content is not valid" in page, (alg, page)
+        assert browser.who() == ""
     # replayed: the same form again after it signed someone in, and with a fresh login
     status, _, _, used = launch(browser, lms, "u-mary", "link:demo")
     assert status == 303 and browser.who() == person_id(ISSUER, DEPLOYMENT, "u-mary")
