@@ -88,6 +88,10 @@ def parser(defaults: Optional[Dict[str, Dict[str, object]]] = None
     serve.add_argument("--issue-tokens", nargs="*", default=None, metavar="ID",
                        help="print a new secret sign-in link for each person of the roster "
                             "(or the IDs given), replacing their old ones, and exit")
+    serve.add_argument("--lti-roster", action="store_true",
+                       help="print the course's members as the LMS lists them (LTI Names and "
+                            "Role Provisioning Services; needs [lti] in service.toml and a "
+                            "launch from the course first), with the id each has here, and exit")
     serve.add_argument("--behind-proxy", action="store_true",
                        help="a proxy that speaks HTTPS to browsers passes requests on: believe "
                             "its X-Forwarded-Proto and X-Real-IP / X-Forwarded-For headers "
@@ -367,6 +371,8 @@ def run_serve(args: argparse.Namespace) -> int:
         for person, token in service.signin.issue(args.issue_tokens or None):
             print(f"{person.id}\t{person.role}\t{base}/signin?token={token}")
         return 0
+    if args.lti_roster:
+        return print_lti_roster(service)
     if args.scheduler:
         from autograder.runners.cluster import Cluster, ClusterError
         try:
@@ -382,6 +388,28 @@ def run_serve(args: argparse.Namespace) -> int:
     with LocalRunner(args.jobs, args.kernel, spawner=spawner) as runner:
         options = runner.resolve(grade_options(args, hidden=service.hidden()))
         return service.run(runner, options, args.host, args.port)
+
+
+def print_lti_roster(service) -> int:
+    """``serve --lti-roster``: the LMS's members, one a line (id here, LMS user id, role,
+    status, name), from every course roster a launch has shown the service."""
+    if service.lti is None:
+        print("error: no [lti] table in service.toml: the service is not an LTI tool",
+              file=sys.stderr)
+        return 2
+    try:
+        members = service.lti.members()
+    except OSError as error:
+        print(f"error: the LMS's roster could not be read: {error}", file=sys.stderr)
+        return 1
+    if not members:
+        print("# no roster yet: the LMS offers it at a launch; open an assignment from "
+              "the LMS once", file=sys.stderr)
+    print("# id here, LMS user id, role, status, name")
+    for member in members:
+        print("\t".join((member["person"], member["user_id"], member["role"],
+                         member["status"], member["name"])))
+    return 0
 
 
 def run_submit(args: argparse.Namespace) -> int:

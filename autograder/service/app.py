@@ -17,7 +17,8 @@ until the upload changes state, at most ``SERVICE_LONG_POLL`` seconds),
 ``POST /leaderboard`` (join it under a display name, change it, or leave),
 ``/instructor``, ``/instructor/grades.csv``, ``POST /instructor/regrade``,
 ``/instructor/similarity/ASSIGNMENT`` (the pairs of learners whose latest uploads are most
-alike, :mod:`.similarity`), and ``/health``
+alike, :mod:`.similarity`), with ``[lti]`` in service.toml the LMS's ``/lti/login``,
+``/lti/launch`` and ``/lti/jwks`` (:mod:`.lti_pages`, ``guide/lti.md``), and ``/health``
 (for an instructor's monitor, open to anyone and naming no one: graders alive, queue
 length, the oldest upload's wait; 503 when the graders are dead or the queue is stuck).
 
@@ -180,8 +181,14 @@ class Service:
         self.files = self.db.parent / f"{self.db.stem}-files"
         self.store = Store(self.db)
         self.hub = hub
+        self.lti = None
+        if self.config.lti is not None:  # an LMS launches the service (LTI 1.3)
+            from autograder.service.lti import Tool
+            self.lti = Tool(self.config.lti, self.store, self.config.rules)
+        self.outbox = None
         self.signin = (HubSignIn(self.config.instructors_group) if hub
-                       else TokenSignIn(self.store, self.config.people, session_days))
+                       else TokenSignIn(self.store, self.config.people, session_days,
+                                        others=self.lti_member))
         self.behind_proxy = behind_proxy
         # where a form may lead besides this service: a hub elsewhere (its logout page)
         self.form_targets = getattr(getattr(self.signin, "auth", None), "hub_host", "") or ""
@@ -200,7 +207,15 @@ class Service:
     # changes: a request for feedback waits for its upload's next change (a long poll)
 
     def changed(self, submission_id: int) -> None:
-        """An upload's new state is committed (any thread): answer the requests held for it."""
+        """An upload's new state is committed (any thread): answer the requests held for it,
+        and give the LMS the learner's counted score if it changed."""
+        if self.lti is not None:
+            try:
+                self.sync_score(submission_id)
+            except Exception as error:  # the database: the grade stays, the LMS's waits
+                logging.getLogger("tornado.application").error(
+                    "LTI: the score of upload %s was not queued for the LMS: %s",
+                    submission_id, error)
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self._release, submission_id)
 
@@ -224,6 +239,40 @@ class Service:
                 held.remove(future)
                 if not held:
                     del self._waiting[submission_id]
+
+    # LTI: who an LMS launched, and their scores for the LMS's gradebook
+
+    def lti_member(self, person_id: str) -> Optional[Person]:
+        """The person an LMS launched with this id (never one of the roster's)."""
+        role = self.store.lti_role(person_id) if self.lti is not None else None
+        return Person(person_id, role) if role else None
+
+    def max_points(self, assignment: str) -> float:
+        """The points of ``assignment``: its notebooks' graded cells' (the LMS's maximum)."""
+        return sum(float(cell.get("metadata", {}).get("nbgrader", {}).get("points", 0) or 0)
+                   for source in self.sources[assignment].values()
+                   for cell in source.notebook.cells
+                   if cell.get("metadata", {}).get("nbgrader", {}).get("grade"))
+
+    def sync_score(self, submission_id: int) -> None:
+        """Queue the learner's counted score of the upload's assignment for the LMS (the sum
+        over its notebooks of the attempts that count), once per change."""
+        row = self.store.get(submission_id)
+        if row is None or row.state != DONE:
+            return
+        rule = self.config.rules[row.assignment].counts
+        counted = [self.store.counted(row.student, row.assignment, notebook, rule)
+                   for notebook in sorted(self.sources[row.assignment])]
+        counted = [r for r in counted if r is not None]
+        score = round(sum(r.counted_score or 0.0 for r in counted), 6)
+        # the points at stake as grades.csv has them (a GPU-only test skipped on a CPU
+        # grader is not), or the assignment's points before every notebook is graded
+        most = sum(r.max_score or 0.0 for r in counted) \
+            if len(counted) == len(self.sources[row.assignment]) \
+            else self.max_points(row.assignment)
+        self.lti.score_changed(row.student, row.assignment, score, round(most, 6))
+        if self.outbox is not None:
+            self.outbox.wake()
 
     def notebooks(self) -> List[Path]:
         return [s.path for sources in self.sources.values() for s in sources.values()]
@@ -396,7 +445,10 @@ class Service:
         here), everyone who has handed in."""
         if self.hub:
             return sorted({row.student for row in self.store.rows()})
-        return sorted(p.id for p in self.config.people.values() if not p.instructor)
+        launched = [person for person, (role, _) in self.store.lti_people().items()
+                    if role != "instructor"] if self.lti is not None else []
+        return sorted({p.id for p in self.config.people.values() if not p.instructor}
+                      | set(launched))
 
     def counted_rows(self) -> Dict[tuple, Row]:
         """The attempt that counts, per (student, assignment, notebook)."""
@@ -432,6 +484,9 @@ class Service:
         signin = self.signin
         routes = [(pattern, signin.page(handler))
                   for pattern, handler in pages.routes(signin.prefix)] + signin.own_routes()
+        if self.lti is not None:
+            from autograder.service import lti_pages
+            routes = lti_pages.routes(re.escape(signin.prefix)) + routes
         # the cookie secret signs the hub sign-in's cookies (a new one at each start: the
         # hub's OAuth signs a browser in again without a word)
         for name in ("tornado.application", "tornado.general"):
@@ -473,6 +528,10 @@ class Service:
         server.add_sockets(sockets)
         self._loop = asyncio.get_running_loop()
         self.graders.start()
+        if self.lti is not None:
+            from autograder.service.lti import Outbox
+            self.outbox = Outbox(self.lti, log=lambda text: print(text, flush=True))
+            self.outbox.start()
         address = sockets[0].getsockname()
         how = (f"Open it through the hub, at {self.signin.prefix}; members of the hub group "
                f"{self.config.instructors_group!r} are its instructors." if self.hub else
@@ -490,6 +549,8 @@ class Service:
         await stopped.wait()
         server.stop()
         await loop.run_in_executor(None, self.graders.stop)
+        if self.outbox is not None:
+            await loop.run_in_executor(None, self.outbox.stop)
         print("Stopped; anything not graded yet is graded at the next start.", flush=True)
         return 0
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import os
 import secrets
-from typing import Dict, List, Optional, Protocol, Tuple
+from typing import Callable, Dict, List, Optional, Protocol, Tuple
 from urllib.parse import urlparse
 
 from autograder.options import SERVICE_SESSION_DAYS
@@ -87,8 +87,24 @@ class TokenSignIn:
     confirms = True
 
     def __init__(self, store: Store, people: Dict[str, Person],
-                 session_days: float = SERVICE_SESSION_DAYS):
+                 session_days: float = SERVICE_SESSION_DAYS,
+                 others: Optional[Callable[[str], Optional[Person]]] = None):
+        """``others``: who else may have a session, by id (those an LMS launched, LTI)."""
         self.store, self.people, self.session_days = store, people, session_days
+        self.others = others or (lambda person_id: None)
+
+    def known(self, person_id: Optional[str]) -> Optional[Person]:
+        if not person_id:
+            return None
+        return self.people.get(person_id) or self.others(person_id)
+
+    def start_session(self, handler, person: Person) -> None:
+        """Sign this browser in as ``person``: a new session, its id in the cookie."""
+        session = self.store.start_session(person.id, self.session_days * DAY)
+        handler.set_cookie(COOKIE, session, httponly=True, samesite="Lax",
+                           secure=handler.request.protocol == "https",
+                           expires_days=self.session_days)
+        handler.clear_cookie(OLD_COOKIE)
 
     def issue(self, ids: Optional[List[str]] = None) -> List[Tuple[Person, str]]:
         """New tokens for ``ids`` (default: everyone); each replaces the person's old one
@@ -112,19 +128,14 @@ class TokenSignIn:
         if token is not None:  # a wrong bearer token is refused, whatever the cookie says
             return self._of(token)
         session = handler.get_cookie(COOKIE)
-        person_id = self.store.session_person(session) if session else None
-        return self.people.get(person_id) if person_id else None
+        return self.known(self.store.session_person(session) if session else None)
 
     async def sign_in(self, handler) -> Optional[Person]:
         if handler.request.method != "POST":  # the link: who it names, no one signed in
             return self._of(handler.get_query_argument("token", None))
         person = self._of(handler.get_body_argument("token", None))
         if person is not None:
-            session = self.store.start_session(person.id, self.session_days * DAY)
-            handler.set_cookie(COOKIE, session, httponly=True, samesite="Lax",
-                               secure=handler.request.protocol == "https",
-                               expires_days=self.session_days)
-            handler.clear_cookie(OLD_COOKIE)
+            self.start_session(handler, person)
         return person
 
     def login_url(self, handler) -> Optional[str]:

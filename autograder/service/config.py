@@ -17,6 +17,7 @@
     deadline = 2026-12-01T17:00:00Z # a TOML date-time with its offset
     late = "penalty"                # "refuse" (the default) or "penalty"
     penalty_per_day = 0.1           # fraction of the points lost per day (or part) late
+    sync_grades = true              # false: its scores go to the LMS no more (LTI)
 
 On a JupyterHub (``serve --jupyterhub``) there is no roster: every hub user is a learner,
 and the members of one hub group are instructors. ``service.toml`` may name the group::
@@ -24,6 +25,19 @@ and the members of one hub group are instructors. ``service.toml`` may name the 
     [jupyterhub]
     instructors_group = "formgrade-course101"  # default: formgrade-<course_id>, nbgrader's
                                                # grader group, or "instructors" without an id
+
+With an LMS (LTI 1.3, :mod:`.lti`), ``service.toml`` holds the tool's key and each
+platform's registration (``guide/lti.md``)::
+
+    [lti]
+    private_key = "lti-key.pem"     # the tool's RSA key (PEM), relative to the course
+    [[lti.platforms]]
+    issuer = "https://canvas.instructure.com"
+    client_id = "10000000000001"
+    deployment_ids = ["1:abc"]
+    auth_login_url = "https://sso.canvaslms.com/api/lti/authorize_redirect"
+    auth_token_url = "https://sso.canvaslms.com/login/oauth2/token"
+    key_set_url = "https://sso.canvaslms.com/api/lti/security/jwks"
 
 A mistake in either file is a :class:`ConfigError` whose message names the file and the
 key, raised before the service listens.
@@ -49,6 +63,10 @@ PERSON_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")  # also a folder na
 DAY = timedelta(days=1)
 HUB_TABLE = "jupyterhub"
 HUB_KEYS = {"instructors_group"}
+LTI_TABLE = "lti"
+LTI_KEYS = {"private_key", "key_id", "url", "retry_seconds", "retry_max_seconds", "platforms"}
+PLATFORM_KEYS = {"issuer", "client_id", "deployment_ids", "auth_login_url", "auth_token_url",
+                 "key_set_url"}
 # JupyterHub's own rule for group names is loose; this is what a URL path segment and a
 # `load_groups` key carry without quoting (nbgrader's formgrade-<course_id> fits)
 GROUP_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@+-]{0,254}$")
@@ -113,6 +131,7 @@ class Rules:
     late: str = SERVICE_LATE
     penalty_per_day: float = 0.0
     keep_files: int = SERVICE_KEEP_FILES  # a learner's last attempts whose notebooks are kept
+    sync_grades: bool = True  # its counted scores go to the LMS's gradebook (LTI)
 
     def days_late(self, when: datetime) -> int:
         """Whole days (a part counts as one) past the deadline; 0 if on time."""
@@ -127,7 +146,8 @@ class Rules:
         return round(min(score, score * self.penalty_per_day * days_late), 6)
 
 
-KEYS = {"attempts_per_hour", "counts", "deadline", "late", "penalty_per_day", "keep_files"}
+KEYS = {"attempts_per_hour", "counts", "deadline", "late", "penalty_per_day", "keep_files",
+        "sync_grades"}
 
 
 def _rules(path: Path, where: str, data: dict, base: Rules) -> Rules:
@@ -161,10 +181,14 @@ def _rules(path: Path, where: str, data: dict, base: Rules) -> Rules:
             raise ConfigError(f"{path}: {where}: deadline must be a TOML date-time with its "
                               f"offset, e.g. 2026-12-01T17:00:00Z, got {deadline!r}")
         deadline = deadline.astimezone(timezone.utc)
+    if not isinstance(values["sync_grades"], bool):
+        raise ConfigError(f"{path}: {where}: sync_grades must be true or false, "
+                          f"got {values['sync_grades']!r}")
     if values["late"] == "penalty" and deadline is None and "late" in data:
         raise ConfigError(f"{path}: {where}: late = \"penalty\" needs a deadline")
     return Rules(attempts_per_hour=attempts, counts=values["counts"], deadline=deadline,
-                 late=values["late"], penalty_per_day=float(penalty), keep_files=keep)
+                 late=values["late"], penalty_per_day=float(penalty), keep_files=keep,
+                 sync_grades=values["sync_grades"])
 
 
 def read_rules(course: Path, assignments: List[str]) -> Tuple[Rules, Dict[str, Rules]]:
@@ -172,6 +196,7 @@ def read_rules(course: Path, assignments: List[str]) -> Tuple[Rules, Dict[str, R
     path = Path(course) / RULES
     data = _load(path) if path.is_file() else {}
     data.pop(HUB_TABLE, None)  # read by read_hub
+    data.pop(LTI_TABLE, None)  # read by read_lti
     per = data.pop("assignments", {})
     if not isinstance(per, dict):
         raise ConfigError(f"{path}: [assignments.NAME] tables expected")
@@ -211,6 +236,106 @@ def read_hub(course: Path, course_id: str = "") -> str:
     return group
 
 
+@dataclass(frozen=True)
+class Platform:
+    """One LMS registration of the tool (what the LMS's admin page shows for it)."""
+    issuer: str           # the platform's "iss"
+    client_id: str        # the tool's id at the platform: the id_token's "aud"
+    deployment_ids: Tuple[str, ...]  # the deployments (installs) of the tool it may launch
+    auth_login_url: str   # the platform's OIDC authorization endpoint
+    auth_token_url: str   # its OAuth 2 token endpoint (for grades and the roster)
+    key_set_url: str      # its public keys (JWKS)
+
+
+@dataclass(frozen=True)
+class LtiConfig:
+    """The ``[lti]`` table of service.toml: the tool's key and the platforms it trusts."""
+    private_key: Path     # the tool's RSA private key, PEM
+    platforms: Tuple[Platform, ...]
+    key_id: str = ""      # the key's "kid" in the tool's JWKS (default: its thumbprint)
+    url: str = ""         # the service's public address (default: the one a request came to)
+    retry_seconds: float = 30.0      # first wait before a score is sent again
+    retry_max_seconds: float = 3600.0  # longest wait between tries
+
+    def platform(self, issuer: str, client_id: Optional[str] = None) -> Optional[Platform]:
+        """The registration of ``issuer`` (and ``client_id``, when given): None if unknown."""
+        for platform in self.platforms:
+            if platform.issuer == issuer and client_id in (None, platform.client_id):
+                return platform
+        return None
+
+
+def _https_or_loopback(url) -> bool:
+    from urllib.parse import urlparse
+    parsed = urlparse(url) if isinstance(url, str) else None
+    return bool(parsed and parsed.netloc and (parsed.scheme == "https" or (
+        parsed.scheme == "http" and parsed.hostname in ("127.0.0.1", "localhost", "::1"))))
+
+
+def read_lti(course: Path) -> Optional[LtiConfig]:
+    """The ``[lti]`` table of service.toml, checked; None when there is none."""
+    path = Path(course) / RULES
+    table = (_load(path) if path.is_file() else {}).get(LTI_TABLE)
+    if table is None:
+        return None
+    where = f"{path}: [{LTI_TABLE}]"
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where} must be a table")
+    unknown = set(table) - LTI_KEYS
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {sorted(unknown)}; expected some of "
+                          f"{sorted(LTI_KEYS)}")
+    key = table.get("private_key")
+    if not isinstance(key, str) or not key:
+        raise ConfigError(f"{where}: private_key must name the tool's RSA key file (PEM), e.g. "
+                          '"lti-key.pem"; make one with `openssl genpkey -algorithm RSA '
+                          "-pkeyopt rsa_keygen_bits:2048 -out lti-key.pem`")
+    key_path = (Path(course) / key).resolve()
+    if not key_path.is_file():
+        raise ConfigError(f"{where}: private_key {key_path} is missing")
+    for name in ("retry_seconds", "retry_max_seconds"):
+        value = table.get(name, 1.0)
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+            raise ConfigError(f"{where}: {name} must be a number of seconds above 0, "
+                              f"got {value!r}")
+    url = table.get("url", "")
+    if url and not _https_or_loopback(url):
+        raise ConfigError(f"{where}: url must be the service's https:// address, got {url!r}")
+    platforms = []
+    entries = table.get("platforms", [])
+    if not isinstance(entries, list) or not entries:
+        raise ConfigError(f"{where}: no [[lti.platforms]]: register at least one LMS")
+    for number, entry in enumerate(entries, 1):
+        here = f"{path}: [[lti.platforms]] number {number}"
+        if not isinstance(entry, dict):
+            raise ConfigError(f"{here} must be a table")
+        unknown, missing = set(entry) - PLATFORM_KEYS, PLATFORM_KEYS - set(entry)
+        if unknown or missing:
+            raise ConfigError(f"{here}: unknown key(s) {sorted(unknown)}, missing "
+                              f"{sorted(missing)}; expected {sorted(PLATFORM_KEYS)}")
+        deployments = entry["deployment_ids"]
+        if not isinstance(deployments, list) or not deployments or \
+                not all(isinstance(d, str) and d for d in deployments):
+            raise ConfigError(f"{here}: deployment_ids must be a list of the deployment ids "
+                              "the LMS shows")
+        for name in ("issuer", "client_id"):
+            if not isinstance(entry[name], str) or not entry[name]:
+                raise ConfigError(f"{here}: {name} must be a string")
+        for name in ("auth_login_url", "auth_token_url", "key_set_url"):
+            if not _https_or_loopback(entry[name]):
+                raise ConfigError(f"{here}: {name} must be an https:// address, got "
+                                  f"{entry[name]!r}")
+        platforms.append(Platform(entry["issuer"], entry["client_id"], tuple(deployments),
+                                  entry["auth_login_url"], entry["auth_token_url"],
+                                  entry["key_set_url"]))
+    if len({(p.issuer, p.client_id) for p in platforms}) != len(platforms):
+        raise ConfigError(f"{where}: the same issuer and client_id are registered twice")
+    return LtiConfig(private_key=key_path, platforms=tuple(platforms),
+                     key_id=str(table.get("key_id", "")), url=str(url).rstrip("/"),
+                     retry_seconds=float(table.get("retry_seconds", 30.0)),
+                     retry_max_seconds=float(table.get("retry_max_seconds", 3600.0)))
+
+
 @dataclass
 class ServiceConfig:
     """Everything the service reads from the course folder.
@@ -221,6 +346,7 @@ class ServiceConfig:
     people: Dict[str, Person]
     rules: Dict[str, Rules] = field(default_factory=dict)
     instructors_group: Optional[str] = None
+    lti: Optional[LtiConfig] = None
 
     @classmethod
     def read(cls, course: Path, assignments: List[str], hub: bool = False,
@@ -229,4 +355,8 @@ class ServiceConfig:
         people = {} if hub else read_roster(course)
         _, rules = read_rules(course, assignments)
         group = read_hub(course, course_id) if hub else None
-        return cls(course=course, people=people, rules=rules, instructors_group=group)
+        lti = read_lti(course)
+        if lti is not None and hub:
+            raise ConfigError(f"{course / RULES}: [{LTI_TABLE}]: LTI sign-in is for the "
+                              "standalone service, not serve --jupyterhub")
+        return cls(course=course, people=people, rules=rules, instructors_group=group, lti=lti)

@@ -79,13 +79,64 @@ CREATE TABLE IF NOT EXISTS board_names (
     folded TEXT NOT NULL UNIQUE,          -- board.folded(name): one person per name
     chosen REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS lti_people (
+    issuer TEXT NOT NULL,                 -- who an LMS user is here: (issuer, deployment,
+    deployment TEXT NOT NULL,             -- sub) -> person, written at their first launch
+    sub TEXT NOT NULL,                    -- and never changed
+    person TEXT NOT NULL UNIQUE,          -- the id of grades.csv, the gradebook, the uploads
+    role TEXT NOT NULL,                   -- learner or instructor, as of their last launch
+    name TEXT NOT NULL DEFAULT '',
+    first_launch REAL NOT NULL,
+    last_launch REAL NOT NULL,
+    PRIMARY KEY (issuer, deployment, sub)
+);
+CREATE TABLE IF NOT EXISTS lti_logins (
+    digest TEXT PRIMARY KEY,              -- sha256 of a login's state (the browser has it)
+    nonce TEXT NOT NULL,
+    issuer TEXT NOT NULL,
+    client_id TEXT NOT NULL,
+    expires REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS lti_nonces (
+    nonce TEXT PRIMARY KEY,               -- an id_token's nonce, once used
+    expires REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS lti_links (
+    person TEXT NOT NULL,                 -- where a learner's score of an assignment goes:
+    assignment TEXT NOT NULL,             -- the line item of the link they last launched
+    issuer TEXT NOT NULL,
+    client_id TEXT NOT NULL,
+    sub TEXT NOT NULL,                    -- the score's userId
+    lineitem TEXT NOT NULL,
+    PRIMARY KEY (person, assignment)
+);
+CREATE TABLE IF NOT EXISTS lti_rosters (
+    memberships TEXT PRIMARY KEY,         -- a course's roster service (NRPS), as a launch
+    issuer TEXT NOT NULL,                 -- offered it
+    client_id TEXT NOT NULL,
+    deployment TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS lti_scores (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, -- the outbox: scores for the LMS, sent in order
+    person TEXT NOT NULL,
+    assignment TEXT NOT NULL,
+    score REAL NOT NULL,
+    max_score REAL NOT NULL,
+    created REAL NOT NULL,                -- the score's timestamp
+    state TEXT NOT NULL DEFAULT 'pending',  -- pending, sent, superseded, closed
+    tries INTEGER NOT NULL DEFAULT 0,
+    next_try REAL NOT NULL,
+    last_error TEXT,
+    sent REAL
+);
+CREATE INDEX IF NOT EXISTS lti_scores_due ON lti_scores (state, next_try);
 """
 
 # The schema's versions: 1, the first service (no version stored); 2, random ids in URLs
 # (``key``; stored, as 0, only by that column); 3, ``phases``, the version stored;
 # 4, ``sessions`` (a browser's sign-in, apart from the person's token); 5, ``tests``;
-# 6, the speed leaderboard (``speeds``, ``board_names``).
-SCHEMA_VERSION = 6
+# 6, the speed leaderboard (``speeds``, ``board_names``); 7, LTI (``lti_*``).
+SCHEMA_VERSION = 7
 
 
 def _add_keys(db: sqlite3.Connection) -> None:
@@ -140,8 +191,15 @@ def _add_board(db: sqlite3.Connection) -> None:
             db.execute(statement)
 
 
+def _add_lti(db: sqlite3.Connection) -> None:
+    """Version 7: LTI's people, logins, nonces, links and score outbox (all empty)."""
+    for statement in statements(SCHEMA):
+        if "lti_" in statement:
+            db.execute(statement)
+
+
 MIGRATIONS = {2: _add_keys, 3: _add_phases, 4: _add_sessions, 5: _add_tests,
-              6: _add_board}  # version -> the step that reaches it
+              6: _add_board, 7: _add_lti}  # version -> the step that reaches it
 
 
 def statements(script: str) -> List[str]:
@@ -502,6 +560,143 @@ class Store:
         with self._write() as db:
             return db.execute("DELETE FROM board_names WHERE person = ?",
                               (person,)).rowcount == 1
+
+    # LTI (service/lti.py): who an LMS user is, logins, and the scores' outbox
+
+    def lti_person(self, issuer: str, deployment: str, sub: str, role: str, name: str,
+                   new_id) -> str:
+        """The person an LMS user is: the id given at their first launch (``new_id()``),
+        the same ever after; their role and name as this launch says."""
+        now = time.time()
+        with self._write() as db:
+            found = db.execute("SELECT person FROM lti_people WHERE issuer = ? AND "
+                               "deployment = ? AND sub = ?", (issuer, deployment, sub)).fetchone()
+            if found:
+                db.execute("UPDATE lti_people SET role = ?, name = ?, last_launch = ? WHERE "
+                           "person = ?", (role, name, now, found[0]))
+                return found[0]
+            person = new_id(issuer, deployment, sub)
+            db.execute("INSERT INTO lti_people (issuer, deployment, sub, person, role, name, "
+                       "first_launch, last_launch) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                       (issuer, deployment, sub, person, role, name, now, now))
+            return person
+
+    def lti_role(self, person: str) -> Optional[str]:
+        """The role of an LMS user here as of their last launch; None if not one."""
+        with self._db() as db:
+            found = db.execute("SELECT role FROM lti_people WHERE person = ?",
+                               (person,)).fetchone()
+        return found[0] if found else None
+
+    def lti_people(self) -> Dict[str, Tuple[str, str]]:
+        """Everyone who came from an LMS: person -> (role, name)."""
+        with self._db() as db:
+            return {person: (role, name) for person, role, name in
+                    db.execute("SELECT person, role, name FROM lti_people")}
+
+    def start_login(self, state: str, nonce: str, issuer: str, client_id: str,
+                    lifetime: float) -> None:
+        now = time.time()
+        with self._write() as db:
+            db.execute("DELETE FROM lti_logins WHERE expires <= ?", (now,))
+            db.execute("INSERT INTO lti_logins (digest, nonce, issuer, client_id, expires) "
+                       "VALUES (?, ?, ?, ?, ?)", (digest(state), nonce, issuer, client_id,
+                                                  now + lifetime))
+
+    def end_login(self, state: str) -> Optional[Tuple[str, str, str]]:
+        """(nonce, issuer, client_id) of the login ``state`` began, once; None if there was
+        none, it ended already or it expired."""
+        with self._write() as db:
+            found = db.execute("SELECT nonce, issuer, client_id FROM lti_logins WHERE digest = ? "
+                               "AND expires > ?", (digest(state), time.time())).fetchone()
+            db.execute("DELETE FROM lti_logins WHERE digest = ?", (digest(state),))
+        return tuple(found) if found else None
+
+    def use_nonce(self, nonce: str, expires: float) -> bool:
+        """Record an id_token's nonce; False if it was used before (a replay)."""
+        with self._write() as db:
+            db.execute("DELETE FROM lti_nonces WHERE expires <= ?", (time.time(),))
+            try:
+                db.execute("INSERT INTO lti_nonces (nonce, expires) VALUES (?, ?)",
+                           (nonce, expires))
+            except sqlite3.IntegrityError:
+                return False
+        return True
+
+    def set_lti_link(self, person: str, assignment: str, issuer: str, client_id: str, sub: str,
+                     lineitem: str) -> None:
+        with self._write() as db:
+            db.execute("INSERT OR REPLACE INTO lti_links (person, assignment, issuer, client_id, "
+                       "sub, lineitem) VALUES (?, ?, ?, ?, ?, ?)",
+                       (person, assignment, issuer, client_id, sub, lineitem))
+
+    def set_lti_roster(self, memberships: str, issuer: str, client_id: str,
+                       deployment: str) -> None:
+        with self._write() as db:
+            db.execute("INSERT OR REPLACE INTO lti_rosters (memberships, issuer, client_id, "
+                       "deployment) VALUES (?, ?, ?, ?)",
+                       (memberships, issuer, client_id, deployment))
+
+    def lti_link(self, person: str, assignment: str) -> Optional[Tuple[str, str, str, str]]:
+        """(issuer, client_id, sub, lineitem) where ``person``'s score of ``assignment`` goes."""
+        with self._db() as db:
+            found = db.execute("SELECT issuer, client_id, sub, lineitem FROM lti_links WHERE "
+                               "person = ? AND assignment = ?", (person, assignment)).fetchone()
+        return tuple(found) if found else None
+
+    def roster_services(self) -> List[Tuple[str, str, str, str]]:
+        """(issuer, client_id, deployment, memberships URL) of each course roster an LMS
+        offered at a launch."""
+        with self._db() as db:
+            return db.execute("SELECT issuer, client_id, deployment, memberships FROM "
+                              "lti_rosters ORDER BY memberships").fetchall()
+
+    def queue_score(self, person: str, assignment: str, score: float, max_score: float,
+                    state: str = "pending") -> Optional[int]:
+        """Put a score in the outbox unless it is the one put there last for this learner
+        and assignment (one post per change); earlier unsent ones are superseded."""
+        now = time.time()
+        with self._write() as db:
+            last = db.execute("SELECT score, max_score FROM lti_scores WHERE person = ? AND "
+                              "assignment = ? ORDER BY id DESC LIMIT 1",
+                              (person, assignment)).fetchone()
+            if last is not None and tuple(last) == (score, max_score):
+                return None
+            db.execute("UPDATE lti_scores SET state = 'superseded' WHERE person = ? AND "
+                       "assignment = ? AND state = 'pending'", (person, assignment))
+            return db.execute("INSERT INTO lti_scores (person, assignment, score, max_score, "
+                              "created, state, next_try) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                              (person, assignment, score, max_score, now, state, now)).lastrowid
+
+    def due_scores(self) -> List[tuple]:
+        """(id, person, assignment, score, max_score, created, tries) of each score due."""
+        with self._db() as db:
+            return db.execute("SELECT id, person, assignment, score, max_score, created, tries "
+                              "FROM lti_scores WHERE state = 'pending' AND next_try <= ? "
+                              "ORDER BY id", (time.time(),)).fetchall()
+
+    def next_score_due(self) -> Optional[float]:
+        with self._db() as db:
+            return db.execute("SELECT MIN(next_try) FROM lti_scores WHERE state = 'pending'"
+                              ).fetchone()[0]
+
+    def score_done(self, score_id: int, state: str) -> None:
+        """A score sent (``sent``), or not to be sent (``closed``)."""
+        with self._write() as db:
+            db.execute("UPDATE lti_scores SET state = ?, sent = ? WHERE id = ? AND state = "
+                       "'pending'", (state, time.time() if state == "sent" else None, score_id))
+
+    def score_failed(self, score_id: int, error: str, wait: float) -> None:
+        with self._write() as db:
+            db.execute("UPDATE lti_scores SET tries = tries + 1, last_error = ?, next_try = ? "
+                       "WHERE id = ?", (error[:500], time.time() + wait, score_id))
+
+    def scores_outbox(self) -> List[tuple]:
+        """Every score of the outbox: (person, assignment, score, max_score, state, tries,
+        last_error), newest first (the instructor page)."""
+        with self._db() as db:
+            return db.execute("SELECT person, assignment, score, max_score, state, tries, "
+                              "last_error FROM lti_scores ORDER BY id DESC").fetchall()
 
     def speed_uploads(self, assignment: str) -> List[Tuple[str, str, Optional[float], List[dict]]]:
         """(student, notebook, when graded, measured speeds) of each graded upload of

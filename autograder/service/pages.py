@@ -480,6 +480,7 @@ class Instructor(Base):
                   columns=[a if len(service.sources[a]) == 1 else f"{a}/{n}"
                            for a, n in columns],
                   matrix=matrix, queue=queue, every=list(reversed(rows)),
+                  lms=service.store.scores_outbox()[:100] if service.lti is not None else None,
                   refresh=SERVICE_REFRESH if queue else None)
 
 
