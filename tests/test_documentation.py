@@ -115,3 +115,12 @@ def test_the_grader_page_lists_every_option_of_grade_with_its_default():
             assert default.split()[0].rstrip(":") == f"{action.default:g}", (flag, default)
         elif isinstance(action.default, str):
             assert default.startswith(f"`{action.default}`"), (flag, default)
+
+
+def test_the_learners_check_command_is_a_command_on_a_released_notebook():
+    shown = re.findall(r"python -m autograder (check \S+)", documentation("assignments/handing-in.md"))
+    assert shown, "the Handing-in page shows no check command"
+    for command in shown:
+        args = cli.parser().parse_args(command.split())
+        assert (ROOT / args.notebook).is_file(), f"{command}: no such released notebook"
+        assert Path(args.notebook).parts[0] == "exercises", command
