@@ -88,8 +88,7 @@ SIMILARITY_PAIRS = 30           # the most alike pairs shown, with their matchin
 class ServiceLimits:
     """What the submission service lets one connection, one upload and one learner use.
 
-    Sizes in bytes, times in seconds. ``serve`` has a flag for each (README: Running the
-    submission service); the defaults suit a course of some hundreds of learners."""
+    Sizes in bytes, times in seconds. ``serve`` has a flag for each (guide/service.md); the defaults suit a course of some hundreds of learners."""
     max_connections: int = 1000     # connections at once (also bounded by the open-files
     #                                 limit, less the reserve); past it, the oldest one still
     #                                 sending its headers is closed, or the new one gets 503
@@ -329,14 +328,14 @@ OPTIONS: Tuple[Option, ...] = (
            help="grade on the workers of the Dask scheduler at ADDRESS, as grade --scheduler "
                 "does (--jobs is not used: as many uploads at once as the workers had threads "
                 "when the service started). The course and the service's files must be at "
-                "the same paths on every machine (see README)",
+                "the same paths on every machine (see guide/dask.md)",
            helps={"grade": "grade on the workers of the Dask scheduler at ADDRESS (e.g. "
                            "tcp://10.0.0.5:8786), one task per submission; the workers' "
                            "threads set how many run at once (--jobs is not used), workers "
                            "started with --resources GPU=1 take --device cuda work, and auto "
                            "picks cuda when some worker has a GPU. The course and the "
                            "submissions must be at the same paths on every machine (see "
-                           "README)"}),
+                           "guide/dask.md)"}),
     Option("--retries", "retries", ("grade", "serve"), type=positive(int, zero=True),
            default=RETRIES, metavar="N",
            help="with --scheduler: as for grade (default %(default)s)",

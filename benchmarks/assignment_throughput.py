@@ -3,7 +3,7 @@
 For every assignment (the manifest's, ``assignments/assignments.toml``) the script hands in ``--copies`` copies of
 the release with the reference answers typed in, as a learner who solved it would, in a scratch
 course folder (``submitted/<student>/<assignment>/<notebook>.ipynb``), and grades them with the
-course's grader as the README writes it, ``--jobs`` at a time:
+course's grader as guide/grader.md writes it, ``--jobs`` at a time:
 
     python -m autograder grade submitted --assignment ASSIGNMENT --out graded --jobs J
 

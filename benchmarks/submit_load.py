@@ -53,7 +53,7 @@ from coursebook.service_process import ServiceProcess, issue_tokens  # noqa: E40
 
 from autograder.commands.submit import SubmitError, upload, wait  # noqa: E402
 
-FASTEST = "ring_allreduce"  # the fastest to grade in the README's table of 1,000 copies
+FASTEST = "ring_allreduce"  # the fastest to grade in guide/grader.md's table of 1,000 copies
 INSTRUCTOR = "prof"
 ALONE = "alone"             # the learner alone in the queue
 CORRECT, WRONG, BROKEN_KIND = "correct", "wrong", "broken"

@@ -436,7 +436,7 @@ CELL_TIMEOUT = 6  # seconds per cell: the never-ending extra cell is stopped aft
 
 def grade_all(base: Path, assignment: str) -> dict:
     """Hand every accident of ``assignment`` in under ``base/submitted`` (one student each,
-    named for the accident) and grade them with the README's command; student -> row of
+    named for the accident) and grade them with the grader's command (guide/grader.md); student -> row of
     grades.csv (the expected notebook's row, not a renamed file's)."""
     import csv
     import subprocess

@@ -189,9 +189,10 @@ def mistakes_table(root: Path = ROOT) -> str:
 # --- generated parts of committed files ------------------------------------------------------
 
 def toc_part(root: Path = ROOT) -> str:
-    """The "Assignments" part of ``_toc.yml``: the index page, then each page and its notebook."""
+    """The "Assignments" part of ``_toc.yml``: the index page, the page on handing in, then each
+    assignment's page and its notebook."""
     lines = [f"  - caption: {TOC_CAPTION}   # generated from {MANIFEST} by {COMMAND}",
-             "    chapters:", "      - file: assignments/index"]
+             "    chapters:", "      - file: assignments/index", "      - file: assignments/handing-in"]
     for a in load(root):
         lines += [f"      - file: {a.page.with_suffix('').as_posix()}", "        sections:",
                   f"          - file: {a.release.with_suffix('').as_posix()}"]

@@ -47,6 +47,16 @@ def built_book():
 
 
 @pytest.fixture(scope="session")
+def instructor_book(built_book):
+    """The instructor edition, built once per test session after the student book (so every
+    chapter is in the cache), as `make instructor-book` does."""
+    from coursebook import book
+    result = book.build_instructor(echo=False)
+    assert result.ok, f"{result.log[-6000:]}\n{result.broken_links}\n{result.reports()}"
+    return result
+
+
+@pytest.fixture(scope="session")
 def executed_page(built_book):
     """``executed_page('chapters/hybridize')``: that page with the outputs the book build gave it."""
     def load(name: str) -> nbformat.NotebookNode:
@@ -83,7 +93,7 @@ def with_outputs(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
 
 @pytest.fixture(scope="session")
 def course_run(tmp_path_factory):
-    """Every real assignment's cases graded once, by the README's instructor steps
+    """Every real assignment's cases graded once, by the guide's nbgrader steps
     (tests/course_run.py); the tests that need the grader's verdict read it from here."""
     pytest.importorskip("nbgrader", reason="nbgrader is not installed here")
     from tests.course_run import instructor_steps

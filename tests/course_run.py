@@ -1,7 +1,8 @@
-"""The README's instructor guide, done once per test session on every real assignment.
+"""The instructor guide's nbgrader steps (guide/nbgrader.md), done once per test session on
+every real assignment.
 
 Every test that needs the course's grader's verdict on a real case reads it from this one run
-(``python -m autograder grade`` with its defaults, as the README writes it), so each case is
+(``python -m autograder grade`` with its defaults, as the guide writes it), so each case is
 graded once in this mode: ``tests/test_autograder_assignments.py`` (scores against
 tests/wrong_submissions), ``tests/test_journeys.py`` (feedback, export, ``check`` against
 ``grade``) and ``tests/test_autograder_determinism.py`` (the same grades at other
@@ -46,7 +47,7 @@ def reference(n: int) -> str:
 
 
 def run(*command: str, cwd: Path = ROOT, timeout: int = 1800) -> subprocess.CompletedProcess:
-    """``python -m <command>`` as the README writes it, with .venv/bin first on PATH (nbgrader
+    """``python -m <command>`` as the guide writes it, with .venv/bin first on PATH (nbgrader
     runs alembic from PATH when it creates gradebook.db); fails with the command's output."""
     env = checkout_env()
     done = subprocess.run([sys.executable, "-m", *command], cwd=cwd, env=env,
@@ -98,21 +99,39 @@ def cases(assignment: str, released: nbformat.NotebookNode,
     return handed
 
 
+# guide/nbgrader.md's commands, each as the words after ``python -m`` (tests/test_documentation.py
+# reads the page's and compares them with instructor_commands).
+RELEASE = ("nbgrader", "generate_assignment", "*", "--force")  # every assignment at once
+EXPORT = ("nbgrader", "export")
+
+
+def grading_commands(assignment: str) -> tuple:
+    """Grading one assignment's submissions, then its feedback."""
+    return (("autograder", "grade", "submitted", "--assignment", assignment, "--out", "graded",
+             "--gradebook"),
+            ("nbgrader", "generate_feedback", assignment,
+             "--CourseDirectory.autograded_directory=graded"))
+
+
+def instructor_commands(assignment: str) -> list:
+    """The guide's commands for one assignment, in their order."""
+    return [RELEASE, *grading_commands(assignment), EXPORT]
+
+
 def instructor_steps(course: Path) -> CourseRun:
-    """The README's instructor guide in ``course`` (a new folder), in its order."""
+    """guide/nbgrader.md's steps in ``course`` (a new folder), in their order."""
     shutil.copy(ROOT / "nbgrader_config.py", course / "nbgrader_config.py")
     shutil.copytree(SOLUTIONS, course / "solutions")
-    run("nbgrader", "generate_assignment", "*", "--force", cwd=course)
+    run(*RELEASE, cwd=course)
     students = {}
     for assignment, notebook in ASSIGNMENTS.items():
         released = nbformat.read(str(course / "exercises" / assignment / f"{notebook}.ipynb"),
                                  as_version=4)
         handed = cases(assignment, released)
         hand_in(course / "submitted", assignment, handed)
-        run("autograder", "grade", "submitted", "--assignment", assignment, "--out", "graded",
-            "--gradebook", "--no-progress", cwd=course)
-        run("nbgrader", "generate_feedback", assignment,
-            "--CourseDirectory.autograded_directory=graded", cwd=course)
+        grade, feedback = grading_commands(assignment)
+        run(*grade, "--no-progress", cwd=course)  # no progress bar in a log
+        run(*feedback, cwd=course)
         students[assignment] = sorted(handed)
-    run("nbgrader", "export", cwd=course)
+    run(*EXPORT, cwd=course)
     return CourseRun(course, students)

@@ -7,7 +7,7 @@ Chromium); :func:`find_proxy` does the same from the test, so the suite installs
 needs itself and skips, saying why, only where npm is missing or fails.
 
 :class:`Hub` starts ``python -m jupyterhub`` on free loopback ports with a config that
-loads the README's example (``autograder/service/jupyterhub_config.example.py``) and then sets
+loads the guide's example (``autograder/service/jupyterhub_config.example.py``) and then sets
 only what a test machine needs: where the course is, the ports, a dummy password, and a
 stand-in for a learner's Jupyter server (:mod:`tests.hub_server`).
 """
@@ -67,7 +67,7 @@ def free_port() -> int:
 
 
 TEST_CONFIG = """\
-# The README's example, then what only a test machine changes.
+# The guide's example (guide/jupyterhub.md), then what only a test machine changes.
 c = get_config()  # noqa: F821
 load_subconfig({example!r})  # noqa: F821
 COURSE = {course!r}

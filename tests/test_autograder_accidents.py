@@ -1,6 +1,6 @@
 """Fair grades for honest accidents, and no gain from nbgrader's tampering kinds (coursebook/accidents.py).
 
-Each assignment's cases are handed in together and graded with the README's command: every
+Each assignment's cases are handed in together and graded with the guide's command: every
 file gets a row; a copied answer cell solved in either copy, and a solved notebook in any
 order, get full marks and a message that says what the grader did; no tampering earns more
 than the blank release; a broken file gets an ``invalid`` row whose message says in one

@@ -4,7 +4,7 @@ For each assignment in solutions/: the instructor's solution gets full marks, th
 release gets 0, and every plausible wrong submission of tests/wrong_submissions/ (the same
 cases tests/test_assignments.py gives nbgrader) loses exactly the points it lists; then
 ``nbgrader export`` reads the same scores back from the gradebook the grader wrote. The cases
-are graded once per test session, by the README's instructor steps (tests/course_run.py).
+are graded once per test session, by the guide's nbgrader steps (tests/course_run.py).
 
 GPU-only test cells run only with CUDA; elsewhere they are skipped, so they are neither
 in the score nor in the maximum.
@@ -33,7 +33,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def graded(course_run):
-    """Every assignment's cases as the README's ``python -m autograder grade ... --gradebook``
+    """Every assignment's cases as the guide's ``python -m autograder grade ... --gradebook``
     graded them, once for the whole test session (tests/course_run.py)."""
     if not ASSIGNMENTS:
         pytest.skip("no assignments in solutions/ yet")

@@ -158,7 +158,7 @@ exec(compile(code, sysconfig.get_paths()['purelib'] + '/innocent.py', 'exec'))
 @pytest.mark.integration
 def test_a_kernel_on_a_worker_cannot_reach_the_scheduler(cluster, tmp_path):
     if os.geteuid() != 0:
-        pytest.skip("network namespaces need root here (see the README's threat model)")
+        pytest.skip("network namespaces need root here (see guide/threat-model.md)")
     host, port = cluster.address.removeprefix("tcp://").rsplit(":", 1)
     # The good answer, after libc's connect() to the scheduler (no audit event)
     write(tmp_path, "probe", answered(

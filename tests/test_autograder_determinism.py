@@ -2,7 +2,7 @@
 
 Every assignment's reference solution, typed into the released notebook as a learner would,
 is handed in 8 times (2 for an assignment with a speed test) with the unedited release and every
-wrong submission of tests/wrong_submissions, and graded by the README's instructor steps (once
+wrong submission of tests/wrong_submissions, and graded by the guide's nbgrader steps (once
 per test session, tests/course_run.py, with the default ``--jobs``: one per core): the copies
 all get full marks. For three assignments without a speed test (RERUN), a subset (2 copies, the
 instructor's solution, the release, the wrong ones) graded again with ``--jobs 1``, ``--jobs 4``
@@ -35,7 +35,7 @@ SUBSET = 2
 # data_parallel has the most test cells and skips its GPU-only ones here. (ring_allreduce and
 # gradient_bucketing compute on seeded inputs only; every assignment gets the course run's
 # reference copies, at the default parallelism.) Speed points are measured, so the same file
-# may measure differently (tests/test_autograder_hostile_speed.py and the README's stability
+# may measure differently (tests/test_autograder_hostile_speed.py and the guide's stability
 # table hold them to the same points): no assignment with a speed test is rerun here.
 RERUN = ["benchmark", "data_parallel", "predict_measure"]
 assert not set(RERUN) & SPEED_TESTED
@@ -43,7 +43,7 @@ COMPARED = ("score", "max_score", "status", "message")
 
 
 def grade(submitted: Path, assignment: str, out: Path, *options: str) -> dict:
-    """Grade with the README's command; per student: the grades.csv row and test scores."""
+    """Grade with the guide's command; per student: the grades.csv row and test scores."""
     done = subprocess.run(
         [sys.executable, "-m", "autograder", "grade", str(submitted), "--assignment", assignment,
          "--out", str(out), "--no-progress", *options],

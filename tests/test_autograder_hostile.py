@@ -169,7 +169,7 @@ def graded(tmp_path_factory):
 
 def test_no_kernel_reached_the_graders_loopback(graded):
     if os.geteuid() != 0:
-        pytest.skip("network namespaces need root here (see the README's threat model)")
+        pytest.skip("network namespaces need root here (see guide/threat-model.md)")
     assert graded["reached"] == [], f"connections from kernels: {graded['reached']}"
 
 

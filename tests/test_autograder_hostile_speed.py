@@ -1,10 +1,10 @@
 """The speed test of ``fast_attention`` against submissions that try to forge its timing
-(tests/hostile_speed_submissions.py), graded in one run of the README's command beside
+(tests/hostile_speed_submissions.py), graded in one run of the guide's command beside
 honest answers, some handed in several times.
 
 Every trick gets the speed points its case says, with a message that says why; the
 honest answers get theirs, and each copy of the same file gets the same speed points (the
-stability the README's table measures over ten gradings, here at the course's default
+stability the guide's table measures over ten gradings, here at the course's default
 ``--jobs``, one per core).
 """
 from __future__ import annotations

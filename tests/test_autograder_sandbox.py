@@ -57,7 +57,7 @@ print("SEEN" + json.dumps(seen))
 def seen(request, tmp_path_factory):
     """What a confined kernel reports, in each kernel mode; also the group's peak."""
     if not ISOLATING:
-        pytest.skip("the grader isolates kernels as root on Linux (see the README)")
+        pytest.skip("the grader isolates kernels as root on Linux (see guide/threat-model.md)")
     if request.param == "fork" and not fork_supported():
         pytest.skip("no fork server here")
     outside = Path(tempfile.mkdtemp(dir="/dev/shm")) if os.path.isdir("/dev/shm") else None

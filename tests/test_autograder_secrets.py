@@ -8,7 +8,7 @@ A secret (a random value, and a fake hub token) is put in the environment of the
 executed notebook, the results, the CSV, the service's store and pages, the command's
 output. The BLAS and thread settings must still reach the kernel. The same submission
 lists and reads the checkout's ``solutions/`` and ``tests/`` while the checkout is on
-PYTHONPATH (as the README's set-ups have it), and imports ``dlperf`` from it.
+PYTHONPATH (as the guide's set-ups have it), and imports ``dlperf`` from it.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The submission service on a real JupyterHub (issue 28): ``serve --jupyterhub``.
 
 The unit tests map hub user models to learners and instructors, read the ``[jupyterhub]``
-table of service.toml and check that the README shows the example config as it is. The
+table of service.toml and check that the guide shows the example config as it is. The
 integration tests start ``python -m jupyterhub`` (pip's JupyterHub, npm's
 configurable-http-proxy: :mod:`tests.hub`) on loopback ports with that example config
 (``autograder/service/jupyterhub_config.example.py``), which runs the service as a managed hub
@@ -40,6 +40,7 @@ from autograder.service.config import (ConfigError, INSTRUCTOR, LEARNER, Person,
 from autograder.service.auth import Refused
 from autograder.commands.submit import multipart
 from tests.autograder_fixtures.submissions import COURSE, answered, write
+from tests.documentation import documentation
 from tests.test_autograder_service import (OFF_BY_ONE, ROOT, roster_course, until,
                                            with_rules)
 from tests.helpers import checkout_env
@@ -141,12 +142,11 @@ def test_submit_takes_the_hub_servers_token_or_says_it_has_none(tmp_path, capsys
     assert "error: no token: give --token" in capsys.readouterr().err
 
 
-def test_the_example_config_is_what_the_readme_shows():
-    readme = (ROOT / "README.md").read_text()
+def test_the_example_config_is_what_the_guide_shows():
     example = (ROOT / "autograder" / "service" / "jupyterhub_config.example.py").read_text()
-    shown = re.search(r"```python\n(# The submission service on a JupyterHub.*?)```", readme,
-                      re.S)
-    assert shown, "the README shows autograder/service/jupyterhub_config.example.py"
+    shown = re.search(r"```python\n(# The submission service on a JupyterHub.*?)```",
+                      documentation("guide/jupyterhub.md"), re.S)
+    assert shown, "guide/jupyterhub.md shows autograder/service/jupyterhub_config.example.py"
     assert shown.group(1) == example
 
 

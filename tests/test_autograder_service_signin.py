@@ -7,8 +7,8 @@ site; a session that must end when it expires, at sign-out (its cookie replayed)
 the person is given a new token; the cookie behind a TLS proxy (``--behind-proxy``); the
 server's log after a refused and an accepted sign-in; the security headers of every route,
 the 404, the error pages and the downloads; a token that begins with ``-``, typed as the
-README writes it; a refusal that names the learner's file; sizes in MiB; what the README
-says is made (grades.csv's columns, the session's lifetime, the Gradescope zip's size); a
+documentation writes it; a refusal that names the learner's file; sizes in MiB; what the
+documentation says is made (grades.csv's columns, the session's lifetime, the Gradescope zip's size); a
 database from before sessions; the headers of pages on a JupyterHub.
 """
 from __future__ import annotations
@@ -33,6 +33,7 @@ from autograder.commands.cli import parser
 from autograder.service.db import Store
 from autograder.commands.submit import multipart
 from tests.autograder_fixtures.submissions import answered, write
+from tests.documentation import documentation, one_line
 from coursebook.service_process import issue_tokens
 from tests.test_autograder_service import (Server, autograder, graded, request,
                                            roster_course, service_with_rules, upload)
@@ -231,8 +232,8 @@ def test_no_token_reaches_the_log(service):
 
 @pytest.fixture(scope="module")
 def dashed(service, tmp_path_factory):
-    """linus's token begins with "-"; he hands in with ``submit --token=...`` (as the README
-    writes it). Returns the run and his token."""
+    """linus's token begins with "-"; he hands in with ``submit --token=...`` (as the
+    documentation writes it). Returns the run and his token."""
     server, people = service
     token = "-" + secrets.token_urlsafe(32)
     Store(server.course / "service.db").set_token("linus", token)
@@ -243,14 +244,16 @@ def dashed(service, tmp_path_factory):
     return run, token
 
 
-def test_a_token_that_begins_with_a_dash_as_the_readme_writes_it(service, dashed):
+def test_a_token_that_begins_with_a_dash_as_the_documentation_writes_it(service, dashed):
     run, token = dashed
     assert run.returncode == 0, run.stdout + run.stderr
     assert "8 of 8 points." in run.stdout
-    readme = (ROOT / "README.md").read_text()
-    commands = re.findall(r"(?:python -m autograder )?(submit [^\n`]*?--token[^\n`]*)",
-                          readme.replace("\\\n", " "))
-    assert len(commands) >= 2, commands  # the learner's section, the service's section
+    commands = []
+    for page in ("assignments/handing-in.md", "guide/service.md"):  # the learners', the service's
+        found = re.findall(r"(?:python -m autograder )?(submit [^\n`]*?--token[^\n`]*)",
+                           documentation(page).replace("\\\n", " "))
+        assert found, f"{page} shows no submit command with its token"
+        commands += found
     for command in commands:
         words = command.replace("TOKEN", token).split()
         args = parser().parse_args(words)  # argparse error (exit 2) for "--token -..."
@@ -346,19 +349,21 @@ def test_a_refusal_names_the_learners_file_as_it_is(service):
         assert status in (400, 415) and says in page, (name, status, page)
 
 
-def test_the_readme_says_what_is_made(tmp_path):
+def test_the_documentation_says_what_is_made(tmp_path):
     """grades.csv's columns, the session's lifetime, the Gradescope zip's size."""
     import zipfile
     from autograder.pipeline.report import CSV_COLUMNS
-    readme = " ".join((ROOT / "README.md").read_text().split())
-    listed = re.search(r"`graded/grades\.csv` \(`([\w,]+)`", readme)
+    grader = one_line(documentation("guide/grader.md"))
+    listed = re.search(r"`graded/grades\.csv` \(`([\w,]+)`", grader)
     assert listed and tuple(listed.group(1).split(",")) == CSV_COLUMNS, listed
     from autograder.options import SERVICE_SESSION_DAYS
-    assert f"stays signed in for {SERVICE_SESSION_DAYS:g} days" in readme
-    assert f"`--session-days` ({SERVICE_SESSION_DAYS:g} by default" in readme
+    assert (f"stays signed in for {SERVICE_SESSION_DAYS:g} days"
+            in one_line(documentation("assignments/handing-in.md")))
+    assert (f"`--session-days` ({SERVICE_SESSION_DAYS:g} by default"
+            in one_line(documentation("guide/service.md")))
     said = re.search(r"the zip of `ring_allreduce` is (\d+) KiB \((\d+) files, (\d+) KiB "
-                     r"unpacked\)", readme)
-    assert said, "the README gives the zip's size"
+                     r"unpacked\)", one_line(documentation("guide/gradescope.md")))
+    assert said, "the Gradescope page gives the zip's size"
     built = autograder("gradescope", "--assignment", "ring_allreduce", "--out",
                        tmp_path / "ring_allreduce.zip", timeout=120)
     assert built.returncode == 0, built.stderr[-2000:]

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.documentation import documentation
+
 PACKAGE = Path(__file__).resolve().parent.parent / "autograder"
 TARGET = re.compile(r"^autograder(\.\w+)+(:\w+)?$")  # a target, or a module named to import
 
@@ -84,10 +86,10 @@ def test_every_part_is_in_the_table():
     assert {part_of(name) for name in modules()} == set(ALLOWED)
 
 
-def test_the_readme_shows_the_table():
-    """README's "The grader, folder by folder": one row per part, with what it may import."""
-    text = (PACKAGE.parent / "README.md").read_text()
-    table = text[text.index("**The grader, folder by folder.**"):]
+def test_the_guide_shows_the_table():
+    """The guide's "The grader, folder by folder": one row per part, with what it may import."""
+    text = documentation("guide/layout.md")
+    table = text[text.index("## The grader, folder by folder"):]
     table = table[:table.index("\n\n", table.index("| part |"))]
     rows = {}
     for line in table.splitlines():

@@ -267,14 +267,6 @@ def instructor_only_lines():
     return lines
 
 
-@pytest.fixture(scope="module")
-def instructor_book(built_book):
-    """The instructor edition, built after the student book (so every chapter is in the cache)."""
-    result = book.build_instructor(echo=False)
-    assert result.ok, f"{result.log[-6000:]}\n{result.broken_links}\n{result.reports()}"
-    return result
-
-
 def test_student_book_has_no_line_of_a_solution_or_hidden_test(built_book):
     secrets = instructor_only_lines()
     for path, text in site_texts(built_book.html):
@@ -298,3 +290,38 @@ def test_instructor_edition_adds_solutions_and_grading_guide_without_executing(i
     assert "Grading notes for instructors" in texts[instructor_book.html / "solutions" / "GRADING.html"]
     for name in toc_files():  # and everything the student book has
         assert (instructor_book.html / f"{name}.html").exists(), name
+
+
+PLAIN_TEXT = re.compile(r"[A-Za-z ,.;]{30,}")  # no markup, quotes or dashes the HTML rewrites
+
+
+def guide_lines():
+    """For each page of the instructor guide (``_instructor.yml``), its longest run of plain
+    prose within a line, which its built page shows as it stands."""
+    additions = yaml.safe_load((ROOT / "_instructor.yml").read_text())
+    guide = next(part for part in additions["parts"] if part["caption"] == "Instructor guide")
+    lines = {}
+    for entry in guide["chapters"]:
+        text = (ROOT / f"{entry['file']}.md").read_text()
+        plain = [run.strip() for line in text.splitlines() if not line.startswith(("#", "|"))
+                 for run in PLAIN_TEXT.findall(line)]
+        assert plain, f"{entry['file']}: no line of plain prose"
+        lines[entry["file"]] = max(plain, key=len)
+    return lines
+
+
+def test_instructor_edition_shows_the_guide(instructor_book):
+    texts = dict(site_texts(instructor_book.html))
+    for name, line in guide_lines().items():
+        page = instructor_book.html / f"{name}.html"
+        assert page in texts, f"the instructor edition lacks {name}"
+        assert line in texts[page], f"{name}.html lacks its line {line!r}"
+
+
+def test_student_edition_shows_no_page_of_the_guide(built_book):
+    assert not (built_book.html / "guide").exists()
+    assert not (built_book.html / "_sources" / "guide").exists()
+    lines = guide_lines()
+    for path, text in site_texts(built_book.html):
+        for name, line in lines.items():
+            assert line not in text, f"{path.relative_to(built_book.html)} shows {name}: {line!r}"

@@ -4,7 +4,9 @@ The book is served by Python's http.server on a free loopback port. Every page o
 the table of contents is opened; a JavaScript error, a console error, a file of the
 site that fails to load, a broken image, a broken internal link or an error output
 cell fails the test. The search box is used as a reader would, and screenshots of
-the landing page and of one chapter are saved to ``_build/screenshots/``.
+the landing page and of one chapter are saved to ``_build/screenshots/``. The student
+edition shows learners the page on handing in and no page of the instructor guide; the
+instructor edition is opened too, and every page of its guide is walked the same way.
 
 Chromium is Debian's ``chromium`` package; the test installs it with apt-get when
 it is missing, and is skipped (saying why) only where that is impossible.
@@ -19,7 +21,7 @@ from urllib.parse import urldefrag, urljoin
 import pytest
 
 from tests.browser import serve
-from tests.test_book import toc_files
+from tests.test_book import guide_lines, toc_files
 
 ROOT = Path(__file__).resolve().parent.parent
 SCREENSHOTS = ROOT / "_build" / "screenshots"
@@ -52,14 +54,17 @@ def site(built_book):
         yield url
 
 
-@pytest.fixture(scope="module")
-def walk(browser, site):
-    """Open every page of the toc, starting from the landing page; what each page showed."""
+def landing_navigation(browser, site) -> list:
+    """The pages the landing page's navigation leads to, the landing page first."""
     browser.open(site)  # index.html sends the reader on to the root page of the toc
     browser.wait_until("document.readyState === 'complete' && location.pathname.endsWith('intro.html')")
     landing = browser.evaluate(PAGE_REPORT)
-    pages = [urldefrag(site)[0] + "intro.html"] + [u for u in dict.fromkeys(
+    return [urldefrag(site)[0] + "intro.html"] + [u for u in dict.fromkeys(
         urldefrag(h)[0] for h in landing["toc"]) if u != site + "intro.html"]
+
+
+def walk_pages(browser, site, pages) -> dict:
+    """Open each page; what each showed, by its path in the site."""
     reports = {}
     for url in pages:
         browser.open(url)
@@ -68,6 +73,33 @@ def walk(browser, site):
         report["problems"] = browser.problems(site)
         reports[url[len(site):]] = report
     return reports
+
+
+def broken_links(links) -> list:
+    """Each link that answers with an HTTP error, or names an anchor its page lacks."""
+    bodies = {}
+    broken = []
+    for link in sorted(links):
+        url, fragment = urldefrag(link)
+        if url not in bodies:
+            try:
+                with urllib.request.urlopen(url, timeout=10) as answer:
+                    bodies[url] = answer.read().decode("utf-8", "replace")
+            except urllib.error.HTTPError as error:
+                bodies[url] = None
+                broken.append(f"{link}: HTTP {error.code}")
+                continue
+        body = bodies[url]
+        if body is not None and fragment and url.endswith(".html") and \
+                f'id="{fragment}"' not in body and f"id='{fragment}'" not in body:
+            broken.append(f"{link}: no element with id {fragment!r}")
+    return broken
+
+
+@pytest.fixture(scope="module")
+def walk(browser, site):
+    """Open every page of the toc, starting from the landing page; what each page showed."""
+    return walk_pages(browser, site, landing_navigation(browser, site))
 
 
 def test_every_page_of_the_toc_is_reachable_from_the_landing_page(walk):
@@ -94,22 +126,45 @@ def test_no_page_shows_an_error_output(walk):
 def test_no_internal_link_is_broken(walk, site):
     links = {link for r in walk.values() for link in r["links"]}
     assert len(links) > len(walk), "the pages have hardly any links; was the site served?"
-    bodies = {}
-    broken = []
-    for link in sorted(links):
-        url, fragment = urldefrag(link)
-        if url not in bodies:
-            try:
-                with urllib.request.urlopen(url, timeout=10) as answer:
-                    bodies[url] = answer.read().decode("utf-8", "replace")
-            except urllib.error.HTTPError as error:
-                bodies[url] = None
-                broken.append(f"{link}: HTTP {error.code}")
-                continue
-        body = bodies[url]
-        if body is not None and fragment and url.endswith(".html") and \
-                f'id="{fragment}"' not in body and f"id='{fragment}'" not in body:
-            broken.append(f"{link}: no element with id {fragment!r}")
+    broken = broken_links(links)
+    assert not broken, "\n".join(broken)
+
+
+def test_learners_find_the_handing_in_page_and_no_instructor_guide(walk, site):
+    page = walk.get("assignments/handing-in.html")
+    assert page, "the student edition's navigation does not lead to assignments/handing-in"
+    assert page["title"].startswith("Handing in"), page["title"]
+    assert site + "assignments/index.html" in page["links"]
+    into_guide = {link for r in walk.values() for link in r["links"] + r["toc"]
+                  if link.startswith(site + "guide/")}
+    assert not into_guide, into_guide
+    with pytest.raises(urllib.error.HTTPError):
+        urllib.request.urlopen(site + "guide/index.html", timeout=10)
+
+
+@pytest.fixture(scope="module")
+def instructor_site(instructor_book):
+    with serve(instructor_book.html) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def guide_walk(browser, instructor_site):
+    """The instructor edition's guide, every page of it, reached from its landing page."""
+    site = instructor_site
+    guide = [url for url in landing_navigation(browser, site) if url.startswith(site + "guide/")]
+    return walk_pages(browser, site, guide)
+
+
+def test_the_instructor_edition_opens_every_page_of_the_guide(guide_walk, instructor_site):
+    assert [page.removesuffix(".html") for page in guide_walk] == list(guide_lines())
+    for name, report in guide_walk.items():
+        assert not report["problems"], (name, report["problems"])
+        assert not report["broken_images"], (name, report["broken_images"])
+        assert not report["errors"], (name, report["errors"])
+    titles = [report["title"] for report in guide_walk.values()]
+    assert titles[0].startswith("Instructor guide"), titles
+    broken = broken_links({link for r in guide_walk.values() for link in r["links"]})
     assert not broken, "\n".join(broken)
 
 

@@ -1,11 +1,11 @@
-"""What the README tells learners and instructors to do, done on the real assignments.
+"""What the documentation tells learners and instructors to do, done on the real assignments.
 
 * A learner opens the released notebook, types answers into its answer cells, saves it and
   runs ``python -m autograder check``: a correct notebook gets every visible point, and for
   every notebook (correct or one of tests/wrong_submissions) each visible test has the same
   outcome as when the same file is graded.
-* An instructor runs nbgrader's steps in the README's order: ``nbgrader generate_assignment``,
-  submissions collected into ``submitted/``, ``python -m autograder grade ... --gradebook``,
+* An instructor runs nbgrader's steps in the guide's order (guide/nbgrader.md): ``nbgrader
+  generate_assignment``, submissions collected into ``submitted/``, ``python -m autograder grade ... --gradebook``,
   ``nbgrader generate_feedback``, ``nbgrader export``: the exported scores equal grades.csv,
   and no feedback page holds a line of a hidden test. These steps run once per test session
   (tests/course_run.py); other tests read the grades they wrote.

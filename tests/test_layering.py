@@ -1,4 +1,4 @@
-"""The course's packages import each other only as the README's layout section allows.
+"""The course's packages import each other only as the guide's layout page allows.
 
 ``dlperf`` is what the chapters import and learners install, so it stands alone; the grader
 stands alone too (it runs learners' notebooks, which bring their own imports); the book's build
@@ -66,7 +66,7 @@ def test_imports_follow_the_table(folder):
              for path in files for package, line in imported(path).items()
              if package != folder and package not in ALLOWED[folder]]
     assert not wrong, (f"{folder} may import only {sorted(ALLOWED[folder]) or 'none'} of the course's "
-                       "packages (README, Layout):\n" + "\n".join(wrong))
+                       "packages (guide/layout.md):\n" + "\n".join(wrong))
 
 
 def test_nothing_but_the_tests_imports_the_tests():

@@ -66,7 +66,7 @@ def parser(defaults: Optional[Dict[str, Dict[str, object]]] = None
         "serve", help="a web service where learners hand in notebooks and get feedback",
         description="Serve the course in COURSE (default: here): learners sign in, upload a "
                     "notebook and get its feedback; instructors see every grade. People come "
-                    "from COURSE/roster.toml, rules from COURSE/service.toml (see README); with "
+                    "from COURSE/roster.toml, rules from COURSE/service.toml (see guide/service.md); with "
                     "--jupyterhub, from the JupyterHub that runs it as one of its services.")
     add_options(serve, "serve", "course")
     serve.add_argument("--host", default=SERVICE_HOST,
@@ -84,7 +84,7 @@ def parser(defaults: Optional[Dict[str, Dict[str, object]]] = None
     serve.add_argument("--jupyterhub", action="store_true",
                        help="run as a service of the JupyterHub that started it: hub users are "
                             "learners, members of a hub group instructors, no roster; listens "
-                            "on the service's url (README: Running the submission service)")
+                            "on the service's url (see guide/jupyterhub.md)")
     serve.add_argument("--issue-tokens", nargs="*", default=None, metavar="ID",
                        help="print a new secret sign-in link for each person of the roster "
                             "(or the IDs given), replacing their old ones, and exit")
@@ -95,7 +95,7 @@ def parser(defaults: Optional[Dict[str, Dict[str, object]]] = None
     serve.add_argument("--behind-proxy", action="store_true",
                        help="a proxy that speaks HTTPS to browsers passes requests on: believe "
                             "its X-Forwarded-Proto and X-Real-IP / X-Forwarded-For headers "
-                            "(sign-in cookies are then Secure; README has an nginx example). "
+                            "(sign-in cookies are then Secure; guide/service.md has an nginx example). "
                             "Listen on 127.0.0.1 only, where nothing else can send them")
     serve.add_argument("--session-days", type=_positive(float), default=SERVICE_SESSION_DAYS,
                        metavar="DAYS", help="how long a browser stays signed in after it signs "
@@ -344,8 +344,8 @@ def run_serve(args: argparse.Namespace) -> int:
         if not (error.name or "").startswith("autograder.service"):
             raise
         print("error: the submission service is not part of the installed package: run "
-              "`python -m autograder serve` from a checkout of the course (README, "
-              "Running the submission service)", file=sys.stderr)
+              "`python -m autograder serve` from a checkout of the course (see "
+              "guide/service.md)", file=sys.stderr)
         return 2
     if args.jupyterhub and args.issue_tokens is not None:
         print("error: --issue-tokens is for the standalone sign-in; on a JupyterHub the hub "

@@ -35,7 +35,7 @@ the learner's, :func:`confine` turns it into a process that
 
 Namespaces, mounts, cgroups and the change of user need root (``CAP_SYS_ADMIN``); without
 root the limits and the audit hook still apply and :func:`confine` says what it could not
-do (the README's threat model lists what holds then). Where the machine does give a layer
+do (guide/threat-model.md lists what holds then). Where the machine does give a layer
 (:func:`autograder.sandbox.device.machine_layers` finds out once per grader process), the grader lists it in the
 policy's ``required``, and a kernel that fails to get it (a transient failure under load)
 raises :class:`SandboxError` and never starts: no submission runs with less isolation than

@@ -17,7 +17,7 @@ The checks compute what they expect from literals and the seed themselves, never
 inputs the probe reports, so a kernel that lies about both inputs and outputs gains
 nothing. What the probe observes about *how* the code ran (the order of calls, the
 transfers it made) comes from the kernel and could be forged by code that studies the
-grader; the README's threat model says so.
+grader; the instructor guide's threat model (guide/threat-model.md) says so.
 """
 from __future__ import annotations
 

@@ -102,7 +102,7 @@ def code_digest() -> str:
     return _tree_digest(folder, list(folder.glob("*.py")))
 
 
-# Versions that must be the same on the client and every worker (see the README).
+# Versions that must be the same on the client and every worker (see guide/dask.md).
 MATCHING = ("dask", "distributed", "torch", "numpy", "ipykernel", "nbclient", "nbformat",
             "nbgrader", "papermill")
 

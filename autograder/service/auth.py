@@ -173,7 +173,7 @@ def hub_environment(environ=None) -> Dict[str, str]:
         raise ConfigError(f"--jupyterhub: {', '.join(missing)} not set. JupyterHub sets them "
                           "when it starts the service itself: list `python -m autograder serve "
                           "--jupyterhub` as the `command` of a service in "
-                          "c.JupyterHub.services (README, Running the submission service)")
+                          "c.JupyterHub.services (guide/jupyterhub.md)")
     return {name: environ[name] for name in HUB_ENVIRONMENT}
 
 

@@ -1,6 +1,6 @@
 # The submission service on a JupyterHub: add these lines to the hub's jupyterhub_config.py
-# (README, "Running the submission service"). tests/test_autograder_service_hub.py starts a
-# real hub with this very file, so what the README shows is what is tested.
+# (guide/jupyterhub.md, "On JupyterHub"). tests/test_autograder_service_hub.py starts a
+# real hub with this very file, so what the guide shows is what is tested.
 import sys
 
 c = get_config()  # noqa: F821 (JupyterHub provides it when it loads this file)
