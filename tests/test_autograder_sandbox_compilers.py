@@ -3,7 +3,8 @@ and the C compiler, which the kernel's audit hook refuses to any code but an ins
 library's, and to a library only for the grader's list (``Policy.programs``).
 
 The first GPU run (NVIDIA H200, 2026-11-27) graded every fused_layernorm notebook, the
-solution too, 0 of 10: Triton could start neither. On a CPU, Triton's interpreter compiles
+solution too, 0 of 10, before the hook had this exception (the run kept no message; a refusal
+to start ``ptxas`` or the compiler is the cause the code points to). On a CPU, Triton's interpreter compiles
 nothing, so this file starts the same programs the way Triton does on a GPU (its
 ``ptxas --version`` probe and its launcher build) in a kernel confined as the grader confines
 one, and checks that a notebook's own code still cannot start them, nor a library anything
