@@ -57,7 +57,7 @@ SKIPPED = re.compile(r"^(__MACOSX|.*\.pyc|.*\.egg-info|build)$")  # never copied
 SETUP_SH = r"""#!/usr/bin/env bash
 # Gradescope runs this once, as root, when it builds the autograder's image. Written by
 # `python -m autograder gradescope --assignment @ASSIGNMENT@`.
-# Base image: @IMAGE@ (on Configure Autograder: Ubuntu, 22.04, Base). It installs uv, then
+# Base image: @IMAGE@, variant Base (picked on Configure Autograder). It installs uv, then
 # with uv Python @PYTHON@ (the image's own python3 is 3.10), PyTorch's CPU build, the course's
 # requirements (requirements.txt beside this file) and the course's package from package/,
 # into a virtual environment: every package at its version in requirements.lock.
@@ -212,8 +212,8 @@ def locked_versions(text: str) -> Dict[str, str]:
 
 def unlocked(lines: List[str], locked: Dict[str, str]) -> List[str]:
     """The requirement lines the lock fails: a package it does not pin, or pins at a version
-    the line excludes (``torch==2.14.1`` in the lock meets ``torch>=2.4``). Lines whose marker
-    excludes the lock's platform are met by nothing."""
+    the line excludes (``torch==2.14.1`` in the lock meets ``torch>=2.4``). A line whose
+    marker leaves out the lock's platform asks nothing of it."""
     from packaging.requirements import Requirement
     from packaging.version import Version
     missed = []
