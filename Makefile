@@ -10,7 +10,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: help setup book instructor-book gpu-status gpu-kit gpu-rehearsal browser hub-proxy test check clean
+.PHONY: help setup lock book instructor-book gpu-status gpu-kit gpu-rehearsal browser hub-proxy test check clean
 
 help:
 	@echo "make book             set up .venv (once) and build the book into _build/html, executing every chapter"
@@ -24,6 +24,9 @@ help:
 	@echo "make gpu-rehearsal    the GPU kit rehearsed on a CPU: a second environment (Python 3.12, PyTorch 2.11,"
 	@echo "                      what the GPU machines have) runs scripts/gpu-run and dlperf's tests; CI runs it"
 	@echo "                      after make test (tests/test_gpu_kit.py, pytest -m gpu_kit)"
+	@echo "make lock             pin every package of requirements*.txt (Python 3.12, x86-64 Linux) in"
+	@echo "                      requirements.lock, keeping its other pins (UPGRADE=1: the newest allowed);"
+	@echo "                      the Gradescope zip installs with it (guide/gradescope-install.md)"
 	@echo "make check            the everyday tier: unit tests and the fast grader tests, no book build and no"
 	@echo "                      real assignment graded (pytest -m 'not integration'; a few minutes)"
 	@echo "make clean            remove _build (the built book and the execution cache)"
@@ -42,6 +45,10 @@ $(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
 	$(PY) scripts/install.py --quiet --no-deps --no-build-isolation -e .
 	@touch $(STAMP)
 	@echo "==> Environment ready"
+
+# After adding a line to requirements.txt: pins the new package, leaves the other pins alone
+lock: setup
+	$(PY) scripts/lock.py $(if $(UPGRADE),--upgrade)
 
 book: setup
 	@echo "==> Building the book (cached chapters are not executed again)"

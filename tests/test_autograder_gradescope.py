@@ -1,7 +1,8 @@
 """``python -m autograder gradescope``: the zip for Gradescope, built with the real command for
 the course's smallest assignment, unpacked as Gradescope unpacks it and run as Gradescope runs
 it (``run_autograder`` with ``AUTOGRADER_ROOT`` pointing at a temporary ``/autograder``).
-setup.sh's installs are not run: this environment already has them."""
+setup.sh's installs are not run here (this environment already has them):
+tests/test_gradescope_install.py runs them for real."""
 from __future__ import annotations
 
 import json
@@ -38,7 +39,8 @@ def built(tmp_path_factory):
     with zipfile.ZipFile(out) as archive:
         infos = {info.filename: info for info in archive.infolist()}
         texts = {name: archive.read(name).decode() for name in
-                 ("setup.sh", "run_autograder", "requirements.txt", "gradescope.json")}
+                 ("setup.sh", "run_autograder", "requirements.txt", "gradescope.json",
+                  "requirements.lock")}
     return {"zip": out, "done": done, "infos": infos, "texts": texts}
 
 
@@ -70,6 +72,10 @@ def run_autograder(root: Path, python: str = sys.executable):
 def test_the_command_writes_the_zip_and_says_its_points(built):
     assert built["zip"].is_file()
     assert "Zip file upload" in built["done"].stdout
+    assert "base image Ubuntu 22.04" in built["done"].stdout
+    manifest = json.loads(built["texts"]["gradescope.json"])
+    assert (manifest["image"], manifest["python"]) == ("Ubuntu 22.04", "3.12")
+    assert "# Base image: Ubuntu 22.04" in built["texts"]["setup.sh"]
     max_points = sum(float(c.metadata["nbgrader"]["points"]) for c in
                      solution_notebook(ASSIGNMENT).cells
                      if c.metadata.get("nbgrader", {}).get("grade")
@@ -90,7 +96,8 @@ def test_the_zip_holds_this_assignment_and_nothing_else_of_the_course(built):
     assert all(n.endswith(".py") for n in package - {"package/pyproject.toml"}), package
     rest = names - package - solutions
     assert rest == {"setup.sh", "run_autograder", "requirements.txt", "gradescope.json",
-                    "course/nbgrader_config.py"}
+                    "requirements.lock", "course/nbgrader_config.py"}
+    assert built["texts"]["requirements.lock"] == (ROOT / "requirements.lock").read_text()
     others = set(ASSIGNMENTS) - {ASSIGNMENT}
     assert not [n for n in names for other in others if other in n]
     assert json.loads(built["texts"]["gradescope.json"])["assignment"] == ASSIGNMENT
@@ -106,7 +113,7 @@ def test_the_zip_is_small(built):
 def test_a_large_file_is_refused(tmp_path):
     course = tmp_path / "course"
     course.mkdir()
-    for name in ("pyproject.toml", "requirements.txt", "nbgrader_config.py"):
+    for name in ("pyproject.toml", "requirements.txt", "requirements.lock", "nbgrader_config.py"):
         shutil.copy2(ROOT / name, course / name)
     for package in ("dlperf", "autograder"):
         shutil.copytree(ROOT / package, course / package,
@@ -147,41 +154,87 @@ def test_setup_installs_the_course_pins(built):
     names = {re.split(r"[<>=!~]", line)[0] for line in lines}
     assert {"torch", "torchvision", "numpy", "nbgrader", "papermill", "ipykernel"} <= names
     assert "torch==" in listed
+    install = setup[setup.index('"$UV" pip install'):]
+    install = install[:install.index('[grader]"')]
     for line in lines:
-        assert shlex.quote(line) in setup, line
-    torch = next(line for line in setup.splitlines() if "--index-url" in line)
-    assert "https://download.pytorch.org/whl/cpu" in torch and "torch==" in torch
-    assert '"$SOURCE/package[grader]"' in setup
+        assert shlex.quote(line) in install, line
+    assert '--constraint "$LOCK" --build-constraints "$LOCK"' in install
+    assert '--torch-backend "$TORCH_BACKEND"' in install
+    assert 'TORCH_BACKEND="${AUTOGRADER_TORCH_BACKEND-cpu}"' in setup
+    assert '"$TOOLS/uv/bin/python" -m pip install --constraint "$LOCK" uv' in setup
 
 
 STUB = """#!/bin/bash
 echo "$(basename "$0") $*" >> "$STEPS"
-if [ "$1 $2" = "-m venv" ]; then mkdir -p "$3/bin" && cp "$0" "$3/bin/python"; fi
+if [ "$1" = venv ] || [ "$1 $2" = "-m venv" ]; then  # python3 -m venv DIR, uv venv DIR
+    folder="${@: -1}"
+    mkdir -p "$folder/bin" && cp "$0" "$folder/bin/python" && cp "$0" "$folder/bin/uv"
+fi
 """
 
 
-def test_setup_sh_takes_its_steps_in_order(built, tmp_path):
-    """setup.sh with apt-get and Python stubbed (no network here): what it would run."""
-    root = unpack(built["zip"], tmp_path / "autograder")
+def run_setup_with_stubs(root: Path, tmp_path: Path, **env) -> list:
+    """setup.sh with apt-get and Python stubbed (each logs its command): the steps it takes."""
     stubs = tmp_path / "stubs"
-    stubs.mkdir()
-    for name in ("apt-get", "python3.12"):
+    stubs.mkdir(exist_ok=True)
+    for name in ("apt-get", "python3"):
         (stubs / name).write_text(STUB)
         (stubs / name).chmod(0o755)
-    steps, venv = tmp_path / "steps.log", tmp_path / "venv"
-    env = dict(os.environ, PATH=f"{stubs}:{os.environ['PATH']}", STEPS=str(steps),
-               AUTOGRADER_VENV=str(venv))
+    steps = tmp_path / "steps.log"
+    steps.unlink(missing_ok=True)
+    env = dict(os.environ, PATH=f"{stubs}:{os.environ['PATH']}", STEPS=str(steps), **env)
     done = subprocess.run(["bash", str(root / "source" / "setup.sh")], cwd=root / "source",
                           env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    log = steps.read_text().splitlines()
-    torch = [line for line in log if "--index-url" in line]
-    assert log[0] == "apt-get update"
-    assert f"python3.12 -m venv {venv}" in log
-    assert torch and "https://download.pytorch.org/whl/cpu torch==" in torch[0]
-    source = root / "source"
-    assert log.index(torch[0]) < log.index(f"python -m pip install {source}/package[grader]")
-    assert log[-1].startswith("python -c import torch, dlperf, autograder.commands.cli")
+    return steps.read_text().splitlines()
+
+
+def test_setup_sh_takes_its_steps_in_order(built, tmp_path):
+    root = unpack(built["zip"], tmp_path / "autograder")
+    venv, source = tmp_path / "venv", root / "source"
+    lock = source / "requirements.lock"
+    log = run_setup_with_stubs(root, tmp_path, AUTOGRADER_VENV=str(venv))
+    assert log[:2] == ["apt-get update", "apt-get install -y --no-install-recommends "
+                       "ca-certificates python3 python3-venv"]
+    assert log[2:5] == [f"python3 -m venv --clear {venv}-tools/uv",
+                        f"python -m pip install --constraint {lock} uv",
+                        f"uv venv --clear --python 3.12 {venv}"]
+    install = log[5]
+    assert install.startswith(f"uv pip install --python {venv}/bin/python --constraint {lock} "
+                              f"--build-constraints {lock} --torch-backend cpu --compile-bytecode ")
+    assert install.endswith(f" {source}/package[grader]") and " torch==" in install
+    assert log[6].startswith("python -c import sys, torch, dlperf, autograder.commands.cli")
+    assert len(log) == 7
+    # PyPI's PyTorch build where the CPU index is out of reach (the real install's test)
+    log = run_setup_with_stubs(root, tmp_path, AUTOGRADER_VENV=str(venv),
+                               AUTOGRADER_TORCH_BACKEND="")
+    assert "--torch-backend" not in log[5] and " torch==" in log[5]
+
+
+def test_a_stale_lock_is_refused(tmp_path):
+    """A requirement the lock does not meet (a line added to requirements.txt without `make
+    lock`) stops the build: setup.sh would install that package at no pinned version."""
+    course = tmp_path / "course"
+    course.mkdir()
+    for name in ("pyproject.toml", "requirements.txt", "nbgrader_config.py"):
+        shutil.copy2(ROOT / name, course / name)
+    lock = (ROOT / "requirements.lock").read_text()
+    numpy = re.search(r"^numpy==.*$", lock, re.MULTILINE)
+    (course / "requirements.lock").write_text(lock.replace(numpy.group(0), "numpy==1.26.4"))
+    for package in ("dlperf", "autograder"):
+        shutil.copytree(ROOT / package, course / package,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(SOLUTIONS / ASSIGNMENT, course / "solutions" / ASSIGNMENT)
+    out = tmp_path / "out.zip"
+    done = autograder("gradescope", "--assignment", ASSIGNMENT, "--course", course,
+                      "--out", out)
+    assert done.returncode == 2
+    assert "requirements.lock does not pin numpy>=2,<3" in done.stderr, done.stderr
+    assert "make lock" in done.stderr and not out.exists()
+    (course / "requirements.lock").unlink()
+    done = autograder("gradescope", "--assignment", ASSIGNMENT, "--course", course,
+                      "--out", out)
+    assert done.returncode == 2 and "has no requirements.lock" in done.stderr, done.stderr
 
 
 def test_a_grader_that_cannot_start_still_gives_a_result(built, tmp_path):

@@ -16,7 +16,6 @@ of the repository, printing every value the page glues (``dlperf.glue``).
 """
 from __future__ import annotations
 
-import glob
 import json
 import os
 import re
@@ -28,6 +27,8 @@ from pathlib import Path
 
 import nbformat
 import pytest
+
+from tests.helpers import python312
 
 ROOT = Path(__file__).resolve().parent.parent
 STAND_IN = ROOT / "_build" / "gpu-stand-in"
@@ -57,21 +58,6 @@ def installs_on_python_312(python: str, abi: str) -> bool:
         return abi == "none"
     stable = re.fullmatch(r"cp3(\d+)", python)
     return python == "cp312" or bool(stable and abi == "abi3" and int(stable.group(1)) <= 12)
-
-
-def python312():
-    """A Python 3.12 interpreter that runs, or None."""
-    candidates = [shutil.which("python3.12"), *sorted(glob.glob(
-        os.path.expanduser("~/.pyenv/versions/3.12*/bin/python3.12"))), "/usr/bin/python3.12"]
-    for candidate in filter(None, candidates):
-        try:
-            done = subprocess.run([candidate, "--version"], capture_output=True, text=True,
-                                  timeout=30)
-        except (OSError, subprocess.TimeoutExpired):
-            continue
-        if done.returncode == 0 and done.stdout.startswith("Python 3.12"):
-            return candidate
-    return None
 
 
 def run(command, **kwargs):

@@ -3,10 +3,11 @@
 ``python -m autograder gradescope --assignment NAME`` (:func:`build`) writes the zip that
 Gradescope's "Configure Autograder" page takes. It holds:
 
-* ``setup.sh``: run once, as root, when Gradescope builds its image (Ubuntu, with network):
-  Python 3.11 or 3.12, PyTorch's CPU build and the course's other requirements at the
-  course's pins (also listed in ``requirements.txt``), then the course's package from
-  ``package/``, in a virtual environment at :data:`VENV`;
+* ``setup.sh``: run once, as root, when Gradescope builds its image (:data:`IMAGE`, with
+  network): uv, Python :data:`PYTHON` installed by uv, PyTorch's CPU build and the course's
+  other requirements (listed in ``requirements.txt``), then the course's package from
+  ``package/``, in a virtual environment at :data:`VENV`, every package at the version the
+  course's ``requirements.lock`` (``make lock``, in the zip too) pins;
 * ``run_autograder``: run for each submission; it calls :func:`run` (``python -m
   autograder.commands.gradescope ROOT``), which lays the upload out as ``submitted/<student>/<NAME>/``
   and grades it with ``python -m autograder grade``, the same pipeline and sandbox as
@@ -44,43 +45,51 @@ MANIFEST = "gradescope.json"
 PACKAGE, COURSE = "package", "course"   # the zip's folders
 VENV = "/opt/dlperf-grader"             # where setup.sh installs, run_autograder runs
 STUDENT = "submission"                   # the student folder of the one upload graded
-TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
-CPU_WHEELS = {"torch", "torchvision", "torchaudio"}  # installed from TORCH_INDEX
+# The base image to pick on Gradescope's "Configure Autograder" page: its newest Ubuntu (24.04
+# is not offered: gradescope/autograder_samples#136), whose own python3 is 3.10.
+IMAGE = "Ubuntu 22.04"
+PYTHON = "3.12"                          # installed by uv; requirements.lock is for it
+LOCK = "requirements.lock"               # the course's pins (scripts/lock.py, `make lock`)
+TOOLS = ["uv"]                           # what setup.sh installs with, pinned in the lock too
+TORCH_BACKEND = "cpu"                    # uv's --torch-backend: Gradescope has no GPU
 SKIPPED = re.compile(r"^(__MACOSX|.*\.pyc|.*\.egg-info|build)$")  # never copied or graded
 
 SETUP_SH = r"""#!/usr/bin/env bash
-# Gradescope runs this once, as root, when it builds the autograder's image (Ubuntu, with
-# network). Written by `python -m autograder gradescope --assignment @ASSIGNMENT@`.
-# It installs Python 3.11 or 3.12, PyTorch's CPU build and the course's requirements at the
-# versions the course pins (requirements.txt beside this file lists the same), then the
-# course's package (dlperf and the grader) from package/, into a virtual environment.
+# Gradescope runs this once, as root, when it builds the autograder's image. Written by
+# `python -m autograder gradescope --assignment @ASSIGNMENT@`.
+# Base image: @IMAGE@, variant Base (picked on Configure Autograder). It installs uv, then
+# with uv Python @PYTHON@ (the image's own python3 is 3.10), PyTorch's CPU build, the course's
+# requirements (requirements.txt beside this file) and the course's package from package/,
+# into a virtual environment: every package at its version in requirements.lock.
 set -euo pipefail
 SOURCE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+LOCK="$SOURCE/@LOCK@"
 VENV="${AUTOGRADER_VENV:-@VENV@}"
+TOOLS="$VENV-tools"  # uv, and the Python it installs (outside root's home: the kernel's user reads it)
+TORCH_BACKEND="${AUTOGRADER_TORCH_BACKEND-@TORCH_BACKEND@}"  # empty: PyPI's build
 export DEBIAN_FRONTEND=noninteractive PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+export UV_PYTHON_INSTALL_DIR="$TOOLS/python"
+if [ -z "${UV_CACHE_DIR:-}" ]; then  # the downloads of this build alone, not kept in the image
+    UV_CACHE_DIR="$(mktemp -d)"
+    export UV_CACHE_DIR
+    trap 'rm -rf "$UV_CACHE_DIR"' EXIT
+fi
+system="$(. /etc/os-release 2>/dev/null && echo "${NAME:-?} ${VERSION_ID:-?}")" || system="?"
+if [ "$system" != "@IMAGE@" ]; then
+    echo "warning: written for Gradescope's @IMAGE@ image, running on $system" >&2
+fi
 
 apt-get update
 apt-get install -y --no-install-recommends ca-certificates python3 python3-venv
-PYTHON=""
-for candidate in python3.12 python3.11 python3; do
-    if command -v "$candidate" >/dev/null &&
-       "$candidate" -c 'import sys; sys.exit(not (3, 11) <= sys.version_info < (3, 13))'; then
-        PYTHON="$candidate"
-        break
-    fi
-done
-if [ -z "$PYTHON" ]; then  # Ubuntu 22.04's python3 is 3.10; its universe has 3.11
-    apt-get install -y --no-install-recommends python3.11
-    PYTHON=python3.11
-fi
-apt-get install -y --no-install-recommends "$PYTHON-venv" || true
-"$PYTHON" -m venv "$VENV"
-"$VENV/bin/python" -m pip install --upgrade pip
-# PyTorch's CPU build: Gradescope has no GPU, and PyPI's wheels bring gigabytes of CUDA
-"$VENV/bin/python" -m pip install --index-url @TORCH_INDEX@ @TORCH@
-"$VENV/bin/python" -m pip install @PACKAGES@
-"$VENV/bin/python" -m pip install "$SOURCE/@PACKAGE@[grader]"
-"$VENV/bin/python" -c "import torch, dlperf, autograder.commands.cli; print('grader ready, PyTorch', torch.__version__)"
+python3 -m venv --clear "$TOOLS/uv"
+"$TOOLS/uv/bin/python" -m pip install --constraint "$LOCK" @TOOLS@
+UV="$TOOLS/uv/bin/uv"
+"$UV" venv --clear --python @PYTHON@ "$VENV"
+"$UV" pip install --python "$VENV/bin/python" --constraint "$LOCK" --build-constraints "$LOCK" \
+    ${TORCH_BACKEND:+--torch-backend "$TORCH_BACKEND"} --compile-bytecode \
+    @PACKAGES@ "$SOURCE/@PACKAGE@[grader]"
+"$VENV/bin/python" -c "import sys, torch, dlperf, autograder.commands.cli; \
+print('grader ready: Python', sys.version.split()[0], 'PyTorch', torch.__version__)"
 """
 
 RUN_AUTOGRADER = r"""#!/usr/bin/env bash
@@ -184,6 +193,41 @@ def _packages(root: Path) -> List[str]:
     return list(pyproject.get("tool", {}).get("setuptools", {}).get("packages", []))
 
 
+# The lock's platform, for the markers of requirement lines (scripts/lock.py resolves for it)
+LOCKED_FOR = {"python_version": PYTHON, "python_full_version": f"{PYTHON}.0",
+              "sys_platform": "linux", "platform_system": "Linux", "platform_machine": "x86_64",
+              "os_name": "posix", "implementation_name": "cpython"}
+
+
+def locked_versions(text: str) -> Dict[str, str]:
+    """Normalised name -> version of each ``name==version`` line of a lock."""
+    found = {}
+    for line in text.splitlines():
+        line = line.split("#", 1)[0].strip()
+        if "==" in line:
+            name, version = line.split("==", 1)
+            found[_name(name)] = version.split(";", 1)[0].strip()
+    return found
+
+
+def unlocked(lines: List[str], locked: Dict[str, str]) -> List[str]:
+    """The requirement lines the lock fails: a package it does not pin, or pins at a version
+    the line excludes (``torch==2.14.1`` in the lock meets ``torch>=2.4``). A line whose
+    marker leaves out the lock's platform asks nothing of it."""
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+    missed = []
+    for line in lines:
+        requirement = Requirement(line)
+        if requirement.marker and not requirement.marker.evaluate(LOCKED_FOR):
+            continue
+        version = locked.get(_name(requirement.name))
+        if version is None or not requirement.specifier.contains(Version(version),
+                                                                 prereleases=True):
+            missed.append(line)
+    return missed
+
+
 def contents(course: Course, assignment: str, limits: Limits) -> Dict[str, object]:
     """The zip's files: name in the zip -> a path to copy or the text to write."""
     sources = course.source_notebooks(assignment)
@@ -204,18 +248,27 @@ def contents(course: Course, assignment: str, limits: Limits) -> Dict[str, objec
         files[f"{COURSE}/{course.source_directory}/{assignment}/"
               f"{path.relative_to(folder).as_posix()}"] = path
     lines = requirements(root, [source.notebook for source in sources.values()])
-    torch = [line for line in lines if _name(line) in CPU_WHEELS]
-    packages = [line for line in lines if _name(line) not in CPU_WHEELS]
-    quoted = lambda items: " ".join(map(shlex.quote, items))
+    lock = root / LOCK
+    if not lock.is_file():
+        raise FileNotFoundError(f"{root} has no {LOCK}: run `make lock` (scripts/lock.py), "
+                                "which pins every package setup.sh installs")
+    missed = unlocked([*lines, *TOOLS], locked_versions(lock.read_text()))
+    if missed:
+        raise ValueError(f"{LOCK} does not pin {', '.join(missed)} as requirements.txt asks: "
+                         "run `make lock` and build again")
+    files[LOCK] = lock
+    torch = [line for line in lines if _name(line) == "torch"]
     files["requirements.txt"] = (
-        f"# What setup.sh installs for {assignment}: the course's pins ({' and '.join(torch)} "
-        f"from {TORCH_INDEX}, PyTorch's CPU build)\n" + "\n".join(lines) + "\n")
-    values = dict(ASSIGNMENT=assignment, VENV=VENV, PACKAGE=PACKAGE, TORCH_INDEX=TORCH_INDEX,
-                  TORCH=quoted(torch), PACKAGES=quoted(packages))
+        f"# What setup.sh installs for {assignment}, at the versions {LOCK} pins "
+        f"({' '.join(torch)}: PyTorch's {TORCH_BACKEND} build)\n" + "\n".join(lines) + "\n")
+    values = dict(ASSIGNMENT=assignment, VENV=VENV, PACKAGE=PACKAGE, IMAGE=IMAGE, PYTHON=PYTHON,
+                  LOCK=LOCK, TORCH_BACKEND=TORCH_BACKEND, TOOLS=" ".join(TOOLS),
+                  PACKAGES=" ".join(map(shlex.quote, lines)))
     files["setup.sh"] = _fill(SETUP_SH, **values)
     files["run_autograder"] = _fill(RUN_AUTOGRADER, **values)
     files[MANIFEST] = json.dumps({"assignment": assignment, "notebooks": sorted(sources),
-                                  "timeout": limits.notebook, "cell_timeout": limits.cell},
+                                  "timeout": limits.notebook, "cell_timeout": limits.cell,
+                                  "image": IMAGE, "python": PYTHON},
                                  indent=2) + "\n"
     return files
 
@@ -389,8 +442,9 @@ def describe(built: dict, cpu_points: float) -> str:
     """What the command prints after building."""
     return (f"Wrote {built['path']} ({plural(len(built['files']), 'file')}, "
             f"{built['bytes'] / 1024:.0f} KiB). On Gradescope: a Programming Assignment, "
-            f"Configure Autograder, Zip file upload; its points are {cpu_points:g} (the "
-            "CPU maximum: Gradescope has no GPU, so GPU-only tests are skipped).")
+            f"Configure Autograder, Zip file upload, base image {IMAGE} (Base); its points "
+            f"are {cpu_points:g} (the CPU maximum: Gradescope has no GPU, so GPU-only tests "
+            "are skipped). Building the image takes a few minutes (guide/gradescope-install.md).")
 
 
 if __name__ == "__main__":
