@@ -218,16 +218,25 @@ def default_instructors_group(course_id: str) -> str:
     return f"formgrade-{course_id}" if course_id else "instructors"
 
 
+def _table(path: Path, name: str, keys) -> Optional[dict]:
+    """The table ``[name]`` of service.toml at ``path`` (None when absent), with no key but
+    ``keys``."""
+    table = (_load(path) if path.is_file() else {}).get(name)
+    if table is None:
+        return None
+    if not isinstance(table, dict):
+        raise ConfigError(f"{path}: {name} must be a table ([{name}])")
+    unknown = set(table) - set(keys)
+    if unknown:
+        raise ConfigError(f"{path}: [{name}]: unknown key(s) {sorted(unknown)}; expected some "
+                          f"of {sorted(keys)}")
+    return table
+
+
 def read_hub(course: Path, course_id: str = "") -> str:
     """The hub group whose members are instructors (``[jupyterhub]`` of service.toml)."""
     path = Path(course) / RULES
-    table = (_load(path) if path.is_file() else {}).get(HUB_TABLE, {})
-    if not isinstance(table, dict):
-        raise ConfigError(f"{path}: {HUB_TABLE} must be a table ([{HUB_TABLE}])")
-    unknown = set(table) - HUB_KEYS
-    if unknown:
-        raise ConfigError(f"{path}: [{HUB_TABLE}]: unknown key(s) {sorted(unknown)}; "
-                          f"expected {sorted(HUB_KEYS)}")
+    table = _table(path, HUB_TABLE, HUB_KEYS) or {}
     group = table.get("instructors_group", default_instructors_group(course_id))
     if not isinstance(group, str) or not GROUP_NAME.match(group):
         raise ConfigError(f"{path}: [{HUB_TABLE}]: instructors_group must be the name of a "
@@ -275,16 +284,10 @@ def _https_or_loopback(url) -> bool:
 def read_lti(course: Path) -> Optional[LtiConfig]:
     """The ``[lti]`` table of service.toml, checked; None when there is none."""
     path = Path(course) / RULES
-    table = (_load(path) if path.is_file() else {}).get(LTI_TABLE)
+    table = _table(path, LTI_TABLE, LTI_KEYS)
     if table is None:
         return None
     where = f"{path}: [{LTI_TABLE}]"
-    if not isinstance(table, dict):
-        raise ConfigError(f"{where} must be a table")
-    unknown = set(table) - LTI_KEYS
-    if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {sorted(unknown)}; expected some of "
-                          f"{sorted(LTI_KEYS)}")
     key = table.get("private_key")
     if not isinstance(key, str) or not key:
         raise ConfigError(f"{where}: private_key must name the tool's RSA key file (PEM), e.g. "
