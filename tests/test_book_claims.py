@@ -849,8 +849,8 @@ CLAIMS += [
                 "operation of a stage that stage's mean time, and the run's operations varied "
                 "around their means"), False),
     (_MODEL, "flash_fit_verdict",
-     lambda v: ("more than a GPU's 80 GB" if v["act_flash_gb"] > 80
-                else "within a GPU's 80 GB"), False),
+     lambda v: ("more than " if v["act_flash_gb"] > v["fit_gpu_gb"] else "within ")
+     + v["fit_gpu_words"], False),
     (_MODEL, "same_time_verdict",
      lambda v: ("the same time, within 1%" if abs(v["same_time_ratio"] - 1) <= 0.01 else
                 "longer with GPipe" if v["same_time_ratio"] > 1 else "longer with 1F1B"), False),
