@@ -10,6 +10,8 @@ from __future__ import annotations
 import importlib
 import logging
 import platform
+import re
+import warnings
 
 import torch
 
@@ -47,6 +49,28 @@ def environment_line(profile: RunProfile) -> str:
             f"Python {platform.python_version()}; {hardware}")
 
 
+# Warnings that PyTorch prints from inside its own code on a GPU run and that say nothing
+# about a page's code: (category, start of the message). Each is silenced by its own text,
+# so that any other warning still shows. TF32 stays off: the pages measure float32 as is.
+QUIET_WARNINGS = [
+    # Inductor, once per process where a GPU has TF32 tensor cores
+    (UserWarning, "TensorFloat32 tensor cores for float32 matrix multiplication available "
+                  "but not enabled"),
+    # torch.export's pickling of tree specs, deprecated inside PyTorch itself
+    (FutureWarning, "`isinstance(treespec, LeafSpec)` is deprecated"),
+    # torch.export.load reads weights from a read-only buffer with torch.frombuffer
+    (UserWarning, "The given buffer is not writable"),
+    # a profiler with a schedule reports only its last cycle, which is what the pages read
+    (UserWarning, "Warning: Profiler clears events at the end of each cycle"),
+]
+
+
+def quiet_library_warnings() -> None:
+    """Silence the warnings of QUIET_WARNINGS, and only those."""
+    for category, start in QUIET_WARNINGS:
+        warnings.filterwarnings("ignore", message=re.escape(start), category=category)
+
+
 def page_setup(seed: int = 0) -> RunProfile:
     """First cell of every page: plot style, a fixed seed, and one line saying where we run."""
     from .plotting import use_book_style
@@ -54,6 +78,7 @@ def page_setup(seed: int = 0) -> RunProfile:
     # torch.compile probes for a CUDA toolkit even on a CPU-only machine and logs a warning
     # when it finds a compiler without a GPU runtime; it says nothing about the page's code.
     logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
+    quiet_library_warnings()
     torch.manual_seed(seed)
     profile = run_profile()
     print(environment_line(profile))

@@ -61,3 +61,21 @@ def test_describe_and_synchronize_on_a_real_gpu():
     (x @ x).sum()
     synchronize()
     assert "cuda:0" in describe(torch.device("cuda:0"))
+
+
+def test_page_setup_silences_only_the_listed_library_warnings():
+    """The GPU run's pages showed PyTorch's own warnings (Inductor's TF32 hint, a LeafSpec
+    deprecation, torch.frombuffer on a read-only buffer, the profiler's acc_events note);
+    page_setup silences those by their text, and any other warning still shows."""
+    import warnings
+
+    import dlperf
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        dlperf.quiet_library_warnings()
+        for category, start in dlperf.QUIET_WARNINGS:
+            warnings.warn(start + " (and the rest of the message)", category)
+        warnings.warn("a page's own warning", UserWarning)
+    assert [str(w.message) for w in caught] == ["a page's own warning"]
+    assert not torch.backends.cuda.matmul.allow_tf32  # silenced, not acted on

@@ -126,6 +126,14 @@ def test_the_fixed_cost_per_operation_is_measured(page):
     # what an H100 could compute in the time of this run's floor, from the datasheet's peak
     assert number(values, "h100_gflop_in_floor") == pytest.approx(
         number(values, "h100_bf16_tflops") * 1e3 * number(values, "overhead_us") * 1e-6)
+    # ... and the text's, for the GPU the run used where the datasheet table knows it
+    assert number(values, "floor_gpu_gflop") == pytest.approx(
+        number(values, "floor_gpu_bf16_tflops") * 1e3 * number(values, "overhead_us") * 1e-6)
+    # the dashed proportional line, and the sentence about it, only where the largest
+    # size rose above the floor (on an H200 all of 1 to 4M elements took 11.4-11.8 µs)
+    drawn = number(values, "large_ratio") > 2
+    assert ("no size rose clearly above the fixed cost" in text) != drawn
+    assert ("dashed line" in values["proportional_sentence"]) == drawn
 
 
 def test_graph_breaks_are_counted_and_fullgraph_refuses_them(page):
