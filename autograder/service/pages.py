@@ -216,8 +216,12 @@ class Home(Base):
     def get(self) -> None:
         service = self.service
         rows = service.store.rows("WHERE student = ? ORDER BY id DESC", (self.person.id,))
+        mine = service.extensions(self.person.id)  # this learner's only: no one else's
+        rules = [(name, mine.get((self.person.id, name)), service.config.rules[name])
+                 for name in service.assignments]
         self.page("home.html", assignments=service.assignments,
-                  rules=[(name, service.config.rules[name]) for name in service.assignments],
+                  rules=[(name, course.extended(extension), extension, course)
+                         for name, extension, course in rules],
                   attempts=list(zip(range(len(rows), 0, -1), rows)),
                   boards=[name for name in service.assignments if service.speed_tests.get(name)])
 
@@ -481,7 +485,34 @@ class Instructor(Base):
                            for a, n in columns],
                   matrix=matrix, queue=queue, every=list(reversed(rows)),
                   lms=service.store.scores_outbox()[:100] if service.lti is not None else None,
+                  extensions=sorted(service.extensions().items()),
+                  learners=service.learners(), rules=service.config.rules,
                   refresh=SERVICE_REFRESH if queue else None)
+
+
+class Extensions(Base):
+    """``POST /instructor/extensions``: grant a learner an extension of one assignment (a
+    later deadline and/or more uploads an hour), replacing the one they had, or withdraw
+    the one granted here (``action=withdraw``). Back to the instructor page (303)."""
+    instructors_only = True
+
+    def post(self) -> None:
+        learner = self.get_body_argument("learner", "").strip()
+        assignment = self.get_body_argument("assignment", "")
+        action = self.get_body_argument("action", "grant")
+        if action == "withdraw":
+            self.service.store.withdraw_extension(learner, assignment)
+        elif action == "grant":
+            try:
+                self.service.grant_extension(
+                    self.person, learner, assignment, self.get_body_argument("deadline", ""),
+                    self.get_body_argument("attempts_per_hour", ""))
+            except ValueError as error:  # UploadRefused: (message, HTTP code)
+                message, code = error.args
+                return self.refuse(code, sentence(message))
+        else:
+            return self.refuse(400, f"no such action {action!r}: grant or withdraw")
+        self.redirect(self.url("instructor"), status=303)
 
 
 class GradesCsv(Base):
@@ -541,6 +572,7 @@ def routes(prefix: str = "/"):
             (at + r"submissions/([\w-]+)/notebook", Notebook),
             (at + r"instructor", Instructor), (at + r"instructor/grades\.csv", GradesCsv),
             (at + r"instructor/regrade", Regrade), (at + r"leaderboard", BoardName),
+            (at + r"instructor/extensions", Extensions),
             (at + r"instructor/similarity/([^/]+)", Similarity),
             (at + r"leaderboard/([^/]+?)(\.json)?", Leaderboard)]
 
