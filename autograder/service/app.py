@@ -59,8 +59,8 @@ from autograder.layout import (MAX_NOTEBOOK_BYTES, Course, SourceNotebook, TooMa
 from autograder.options import (SERVICE_DB, SERVICE_FD_PER_JOB, SERVICE_FD_RESERVE,
                       SERVICE_FORM_BYTES, SERVICE_SESSION_DAYS, ServiceLimits)
 from autograder.service.auth import HubSignIn, TokenSignIn, hub_address
-from autograder.service.config import (ConfigError, Extension, Person, Rules,  # noqa: F401 (ConfigError: cli)
-                                       ServiceConfig, check_extension)
+from autograder.service.config import ConfigError, Person, ServiceConfig  # noqa: F401 (ConfigError: cli)
+from autograder.service.config import Extension, Rules, check_extension
 from autograder.service.db import DONE, GRADING, QUEUED, Row, Store, when
 
 HOUR = 3600.0
