@@ -282,3 +282,36 @@ def test_forged_and_hostile_grants_are_refused_as_text(served):
         assert status == 400 and says in text, (fields, status, text)
         assert evil not in text
     assert "extension" not in home_of(server, people["linus"])
+
+
+@pytest.mark.integration
+def test_one_address_answers_a_browsers_form_and_a_program_each_its_way(served):
+    """The pages and the JSON API are handlers of their own (service/api.py): a program's
+    request (a Bearer token, or Accept: application/json) to an address they share gets
+    JSON, a browser's form gets the page's 303, a ``.json`` address JSON, and its page
+    HTML even for a program."""
+    server, people = served
+    linus, home = browser_of(server, people["linus"])
+    status, where, text = post_form(linus, f"{server.url}/leaderboard", {
+        "_xsrf": xsrf_of(home), "action": "join", "display_name": "Linus L",
+        "assignment": "demo"})
+    assert (status, where) == (200, f"{server.url}/leaderboard/demo"), text
+    assert "<!doctype html>" in text and "Linus L" in text
+    status, body = request(f"{server.url}/leaderboard/demo.json", people["linus"])
+    assert status == 200 and json.loads(body)["display_name"] == "Linus L"
+    status, body = request(f"{server.url}/leaderboard/demo", people["linus"])
+    assert status == 200 and body.startswith(b"<!doctype html>")
+    status, body = request(f"{server.url}/leaderboard", people["linus"],
+                           b"action=leave&assignment=demo")
+    assert (status, json.loads(body)) == (200, {"joined": False, "display_name": None})
+    status, body = request(f"{server.url}/leaderboard", people["linus"], b"action=dance")
+    assert status == 400 and "no such action 'dance'" in json.loads(body)["error"]
+    # the instructor's regrade: JSON for a program, the instructor page for her browser
+    status, body = request(f"{server.url}/instructor/regrade", people["ada"], b"")
+    assert status == 200 and isinstance(json.loads(body)["queued"], int)
+    ada, page = browser_of(server, people["ada"])
+    status, where, text = post_form(ada, f"{server.url}/instructor/regrade",
+                                    {"_xsrf": xsrf_of(page)})
+    assert (status, where) == (200, f"{server.url}/instructor") and "Regrade all" in text
+    status, body = request(f"{server.url}/instructor/regrade", people["grace"], b"")
+    assert status == 403 and "for instructors" in json.loads(body)["error"]
