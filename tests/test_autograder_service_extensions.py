@@ -128,6 +128,19 @@ def test_an_extension_granted_on_the_page_replaces_service_tomls_and_outlives_a_
     assert Store(again.db).extensions() == []
 
 
+def test_a_database_made_before_extensions_gets_their_table_keeping_its_rows(tmp_path):
+    import sqlite3
+    path = tmp_path / "service.db"
+    Store(path).set_token("alan", "alans-token")
+    with sqlite3.connect(path) as db:  # the file as the service before extensions left it
+        db.execute("DROP TABLE extensions")
+    store = Store(path)
+    assert store.person_of("alans-token") == "alan" and store.extensions() == []
+    store.grant_extension("alan", "demo", None, 3, "ada")
+    assert [row[:5] for row in Store(path).extensions("alan")] == [
+        ("alan", "demo", None, 3, "ada")]
+
+
 # ---------------------------------------------------------------- the real server, driven
 
 

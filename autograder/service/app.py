@@ -6,7 +6,8 @@ its sign-in (:mod:`.auth`). Every handler learns who is asking before it reads
 anything; learners see their own uploads only, instructors everything.
 
 Routes (under ``/``, or on a JupyterHub under the service's prefix ``/services/NAME/``,
-with the OAuth callback ``oauth_callback`` there too):
+with the OAuth callback ``oauth_callback`` there too; the pages are :mod:`.pages`, the
+JSON that ``submit`` reads is :mod:`.api`):
 ``/`` (a learner's assignments, upload form and attempts), ``/signin``,
 ``/signout``, ``POST /submit`` (multipart: ``assignment``, ``notebook``), ``/submissions/ID``
 (place in the queue, then the feedback; ID is random, never guessable),

@@ -144,9 +144,10 @@ CREATE TABLE IF NOT EXISTS extensions (
 # The schema's versions: 1, the first service (no version stored); 2, random ids in URLs
 # (``key``; stored, as 0, only by that column); 3, ``phases``, the version stored;
 # 4, ``sessions`` (a browser's sign-in, apart from the person's token); 5, ``tests``;
-# 6, the speed leaderboard (``speeds``, ``board_names``); 7, LTI (``lti_*``);
-# 8, extensions granted on the instructor page (``extensions``).
-SCHEMA_VERSION = 8
+# 6, the speed leaderboard (``speeds``, ``board_names``); 7, LTI (``lti_*``).
+# (A new table alone needs no version: every open creates the tables it lacks, and an
+# earlier service ignores it; so ``extensions`` came without one.)
+SCHEMA_VERSION = 7
 
 
 def _add_keys(db: sqlite3.Connection) -> None:
@@ -208,15 +209,8 @@ def _add_lti(db: sqlite3.Connection) -> None:
             db.execute(statement)
 
 
-def _add_extensions(db: sqlite3.Connection) -> None:
-    """Version 8: extensions granted on the instructor page (none yet)."""
-    for statement in statements(SCHEMA):
-        if "extensions" in statement:
-            db.execute(statement)
-
-
 MIGRATIONS = {2: _add_keys, 3: _add_phases, 4: _add_sessions, 5: _add_tests,
-              6: _add_board, 7: _add_lti, 8: _add_extensions}  # version -> the step that reaches it
+              6: _add_board, 7: _add_lti}  # version -> the step that reaches it
 
 
 def statements(script: str) -> List[str]:
