@@ -28,7 +28,6 @@ import sqlite3
 import tempfile
 import time
 from pathlib import Path
-from types import SimpleNamespace
 from typing import NamedTuple, Optional
 
 import tornado.routing
@@ -40,7 +39,7 @@ from tornado.ioloop import IOLoop
 
 from autograder.layout import MAX_NOTEBOOK_BYTES, too_big
 from autograder.options import SERVICE_FORM_OVERHEAD, SERVICE_REFRESH
-from autograder.service.auth import Refused, bearer
+from autograder.service.auth import Refused, bearer, bearer_of
 from autograder.service.board import NAME_MAX, NameRefused, change_name
 from autograder.service import similarity
 from autograder.service.db import DONE, GRADING, QUEUED, Row, when
@@ -90,7 +89,7 @@ def sentence(message: str) -> str:
 def wants_json(request: httputil.HTTPServerRequest) -> bool:
     """Whether a request is a program's (``submit``: a Bearer token, or an Accept header
     that names JSON) rather than a browser's."""
-    return bearer(SimpleNamespace(request=request)) is not None or \
+    return bearer_of(request) is not None or \
         "application/json" in request.headers.get("Accept", "")
 
 
