@@ -86,6 +86,7 @@ def test_the_home_page_shows_hostile_names_as_text():
         signin=SimpleNamespace(prefix="/"), form_targets="", assignments=[assignment],
         config=SimpleNamespace(rules={assignment: Rules(counts="best" + EVIL)}),
         store=SimpleNamespace(rows=lambda *args: rows),
+        extensions=lambda person_id=None: {},  # (none: test_autograder_service_extensions)
         speed_tests={assignment: [("demo", "speed")]})
     page = rendered(pages.Home, Person("alan" + EVIL, "learner"), service)
     # the person, the assignment in the form, the rules, the attempts and the link to its

@@ -6,7 +6,8 @@ its sign-in (:mod:`.auth`). Every handler learns who is asking before it reads
 anything; learners see their own uploads only, instructors everything.
 
 Routes (under ``/``, or on a JupyterHub under the service's prefix ``/services/NAME/``,
-with the OAuth callback ``oauth_callback`` there too):
+with the OAuth callback ``oauth_callback`` there too; the pages are :mod:`.pages`, the
+JSON that ``submit`` reads is :mod:`.api`):
 ``/`` (a learner's assignments, upload form and attempts), ``/signin``,
 ``/signout``, ``POST /submit`` (multipart: ``assignment``, ``notebook``), ``/submissions/ID``
 (place in the queue, then the feedback; ID is random, never guessable),
@@ -16,6 +17,7 @@ until the upload changes state, at most ``SERVICE_LONG_POLL`` seconds),
 ``/leaderboard/ASSIGNMENT`` and its ``.json`` (the speed leaderboard, :mod:`.board`),
 ``POST /leaderboard`` (join it under a display name, change it, or leave),
 ``/instructor``, ``/instructor/grades.csv``, ``POST /instructor/regrade``,
+``POST /instructor/extensions`` (grant a learner a later deadline or more uploads an hour),
 ``/instructor/similarity/ASSIGNMENT`` (the pairs of learners whose latest uploads are most
 alike, :mod:`.similarity`), with ``[lti]`` in service.toml the LMS's ``/lti/login``,
 ``/lti/launch`` and ``/lti/jwks`` (:mod:`.lti_pages`, ``guide/lti.md``), and ``/health``
@@ -59,6 +61,7 @@ from autograder.options import (SERVICE_DB, SERVICE_FD_PER_JOB, SERVICE_FD_RESER
                       SERVICE_FORM_BYTES, SERVICE_SESSION_DAYS, ServiceLimits)
 from autograder.service.auth import HubSignIn, TokenSignIn, hub_address
 from autograder.service.config import ConfigError, Person, ServiceConfig  # noqa: F401 (ConfigError: cli)
+from autograder.service.config import Extension, Rules, check_extension
 from autograder.service.db import DONE, GRADING, QUEUED, Row, Store, when
 
 HOUR = 3600.0
@@ -320,7 +323,7 @@ class Service:
         if notebook not in names:
             raise UploadRefused(f"assignment {assignment!r} has notebooks {', '.join(names)}: "
                                 "upload one of them under its own name", 400)
-        rules = self.config.rules[assignment]
+        rules = self.rules_for(person.id, assignment)
         now = time.time()
         days_late = rules.days_late(datetime.fromtimestamp(now, timezone.utc))
         if days_late and rules.late == "refuse":
@@ -360,7 +363,7 @@ class Service:
 
     def check_hour(self, person: Person, assignment: str, now: float) -> None:
         """Refuse (429) an upload beyond the assignment's uploads an hour."""
-        allowed = self.config.rules[assignment].attempts_per_hour
+        allowed = self.rules_for(person.id, assignment).attempts_per_hour
         recent = self.store.upload_times(person.id, assignment, now - HOUR)
         if len(recent) >= allowed:
             # the upload that frees a place: the one that many places back from the end
@@ -369,6 +372,53 @@ class Service:
             raise UploadRefused(f"{len(recent)} uploads of {assignment!r} in the last hour: "
                                 f"the limit is {allowed} an hour; try again in "
                                 f"{plural(minutes, 'minute')}", 429)
+
+    # extensions: one learner's own deadline and/or uploads an hour
+
+    def extensions(self, person_id: Optional[str] = None) -> Dict[tuple, Extension]:
+        """(learner, assignment) -> the extension that holds (of ``person_id`` only, if
+        given): the one granted on the instructor page, else service.toml's."""
+        found = {(e.learner, name): e for name, rules in self.config.rules.items()
+                 for e in rules.extensions if person_id in (None, e.learner)}
+        for learner, assignment, deadline, attempts, by, granted in \
+                self.store.extensions(person_id):
+            if assignment in self.config.rules:  # (an assignment the course has no more)
+                found[learner, assignment] = Extension(
+                    learner, None if deadline is None else
+                    datetime.fromtimestamp(deadline, timezone.utc), attempts, by, granted)
+        return found
+
+    def rules_for(self, person_id: str, assignment: str) -> Rules:
+        """The rules of ``assignment`` as they hold for ``person_id`` (with their extension)."""
+        return self.config.rules[assignment].extended(
+            self.extensions(person_id).get((person_id, assignment)))
+
+    def grant_extension(self, instructor: Person, learner: str, assignment: str,
+                        deadline: str, attempts_per_hour: str) -> Extension:
+        """Grant ``learner`` an extension of ``assignment`` as the instructor page's form
+        says it (``deadline``: ISO 8601, UTC unless it has an offset; either may be empty);
+        :class:`UploadRefused` (message, 400) saying what is wrong, and nothing stored."""
+        if assignment not in self.config.rules:
+            raise UploadRefused(f"no assignment {assignment!r}", 400)
+        if not self.hub and learner not in self.learners():  # (a hub lists no one)
+            raise UploadRefused(f"{learner!r} is not a learner of the course", 400)
+        try:
+            when = datetime.fromisoformat(deadline.strip()) if deadline.strip() else None
+            if when is not None and when.tzinfo is None:
+                when = when.replace(tzinfo=timezone.utc)
+            attempts = int(attempts_per_hour) if attempts_per_hour.strip() else None
+        except ValueError:
+            raise UploadRefused("the deadline is a date and time (2026-12-04T17:00, UTC) and "
+                                "the uploads an hour a whole number", 400) from None
+        try:
+            extension = check_extension(self.config.rules[assignment], learner, when, attempts)
+        except ValueError as error:
+            raise UploadRefused(str(error), 400) from None
+        self.store.grant_extension(
+            learner, assignment,
+            None if extension.deadline is None else extension.deadline.timestamp(),
+            extension.attempts_per_hour, instructor.id)
+        return self.extensions(learner)[learner, assignment]
 
     def health(self) -> tuple:
         """(HTTP code, what ``/health`` says): no one's name, no upload's id."""

@@ -73,7 +73,12 @@ class SignIn(Protocol):
 
 
 def bearer(handler) -> Optional[str]:
-    header = handler.request.headers.get("Authorization", "")
+    return bearer_of(handler.request)
+
+
+def bearer_of(request) -> Optional[str]:
+    """The token of a request's ``Authorization: Bearer`` header, if it has one."""
+    header = request.headers.get("Authorization", "")
     scheme, _, value = header.partition(" ")
     return value.strip() if scheme.lower() == "bearer" and value.strip() else None
 

@@ -29,6 +29,18 @@ class NameRefused(ValueError):
     """A display name the board does not take; the message says why."""
 
 
+def change_name(store, person: str, action: str, typed: str) -> None:
+    """Do what the board's form asks for ``person``: ``join`` the board as ``typed`` (or
+    change their name to it), or ``leave`` it. ValueError for another action; NameRefused
+    for a name the board does not take."""
+    if action == "leave":
+        store.leave_board(person)
+    elif action == "join":
+        store.join_board(person, display_name(typed))
+    else:
+        raise ValueError(f"no such action {action!r}: join or leave")
+
+
 def display_name(text: str) -> str:
     """``text`` as a display name (runs of white space made one space, ends trimmed), or
     :class:`NameRefused`: empty, over :data:`NAME_MAX` characters, a character that does not

@@ -19,6 +19,14 @@
     penalty_per_day = 0.1           # fraction of the points lost per day (or part) late
     sync_grades = true              # false: its scores go to the LMS no more (LTI)
 
+    [[assignments.demo.extensions]] # one learner's own deadline and/or uploads an hour
+    learner = "alan"
+    deadline = 2026-12-04T17:00:00Z # later than the assignment's
+    attempts_per_hour = 20
+
+An instructor may grant an extension on the instructor page too (kept in the service's
+database); for the same learner and assignment the page's replaces service.toml's.
+
 On a JupyterHub (``serve --jupyterhub``) there is no roster: every hub user is a learner,
 and the members of one hub group are instructors. ``service.toml`` may name the group::
 
@@ -47,7 +55,7 @@ from __future__ import annotations
 import math
 import re
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
@@ -123,6 +131,16 @@ def read_roster(course: Path) -> Dict[str, Person]:
 
 
 @dataclass(frozen=True)
+class Extension:
+    """One learner's own deadline and/or uploads an hour for one assignment."""
+    learner: str
+    deadline: Optional[datetime] = None       # None: the assignment's
+    attempts_per_hour: Optional[int] = None   # None: the assignment's
+    granted_by: str = ""                      # the instructor who granted it on the page;
+    granted: Optional[float] = None           # "" and None: it is service.toml's
+
+
+@dataclass(frozen=True)
 class Rules:
     """How one assignment's uploads are taken and counted."""
     attempts_per_hour: int = SERVICE_ATTEMPTS_PER_HOUR
@@ -132,6 +150,19 @@ class Rules:
     penalty_per_day: float = 0.0
     keep_files: int = SERVICE_KEEP_FILES  # a learner's last attempts whose notebooks are kept
     sync_grades: bool = True  # its counted scores go to the LMS's gradebook (LTI)
+    extensions: Tuple[Extension, ...] = ()  # service.toml's, one per learner at most
+
+    def extension(self, learner: str) -> Optional[Extension]:
+        """service.toml's extension for ``learner``, if any."""
+        return next((e for e in self.extensions if e.learner == learner), None)
+
+    def extended(self, extension: Optional[Extension]) -> "Rules":
+        """These rules as they hold for the learner ``extension`` is of."""
+        if extension is None:
+            return self
+        return replace(self, deadline=extension.deadline or self.deadline,
+                       attempts_per_hour=extension.attempts_per_hour or self.attempts_per_hour,
+                       extensions=())
 
     def days_late(self, when: datetime) -> int:
         """Whole days (a part counts as one) past the deadline; 0 if on time."""
@@ -148,6 +179,57 @@ class Rules:
 
 KEYS = {"attempts_per_hour", "counts", "deadline", "late", "penalty_per_day", "keep_files",
         "sync_grades"}
+EXTENSION_KEYS = {"learner", "deadline", "attempts_per_hour"}
+
+
+def check_extension(rules: Rules, learner, deadline, attempts) -> Extension:
+    """An extension of ``rules`` for ``learner``, checked (ValueError saying what is wrong):
+    a later deadline than the assignment's and/or a whole number of uploads an hour.
+    service.toml's and the instructor page's are checked here alike."""
+    if not isinstance(learner, str) or not PERSON_ID.match(learner):
+        raise ValueError(f"learner must be a learner's id (letters, digits, _ . -), "
+                         f"got {learner!r}")
+    if deadline is None and attempts is None:
+        raise ValueError("an extension needs a deadline, attempts_per_hour or both")
+    if deadline is not None:
+        if not isinstance(deadline, datetime) or deadline.tzinfo is None:
+            raise ValueError(f"deadline must be a date-time with its offset, e.g. "
+                             f"2026-12-01T17:00:00Z, got {deadline!r}")
+        if rules.deadline is None:
+            raise ValueError("the assignment has no deadline to extend")
+        deadline = deadline.astimezone(timezone.utc)
+        if deadline <= rules.deadline:
+            raise ValueError(f"the extension's deadline {deadline:%Y-%m-%d %H:%M %Z} is not "
+                             f"after the assignment's ({rules.deadline:%Y-%m-%d %H:%M %Z})")
+    if attempts is not None and (not isinstance(attempts, int) or isinstance(attempts, bool)
+                                 or attempts < 1):
+        raise ValueError(f"attempts_per_hour must be a whole number of 1 or more, "
+                         f"got {attempts!r}")
+    return Extension(learner, deadline, attempts)
+
+
+def _extensions(path: Path, assignment: str, entries, rules: Rules) -> Tuple[Extension, ...]:
+    where = f"[[assignments.{assignment}.extensions]]"
+    if not isinstance(entries, list):
+        raise ConfigError(f"{path}: assignments.{assignment}.extensions must be {where} tables")
+    found: Dict[str, Extension] = {}
+    for number, entry in enumerate(entries, 1):
+        here = f"{where} number {number}"
+        if not isinstance(entry, dict):
+            raise ConfigError(f"{path}: {here} must be a table")
+        unknown = set(entry) - EXTENSION_KEYS
+        if unknown:
+            raise ConfigError(f"{path}: {here}: unknown key(s) {sorted(unknown)}; expected "
+                              f"learner and deadline and/or attempts_per_hour")
+        try:
+            extension = check_extension(rules, entry.get("learner"), entry.get("deadline"),
+                                        entry.get("attempts_per_hour"))
+        except ValueError as error:
+            raise ConfigError(f"{path}: {here}: {error}") from None
+        if extension.learner in found:
+            raise ConfigError(f"{path}: {where}: two extensions for {extension.learner!r}")
+        found[extension.learner] = extension
+    return tuple(found.values())
 
 
 def _rules(path: Path, where: str, data: dict, base: Rules) -> Rules:
@@ -208,7 +290,10 @@ def read_rules(course: Path, assignments: List[str]) -> Tuple[Rules, Dict[str, R
                               f"course (it has {', '.join(assignments) or 'none'})")
         if not isinstance(table, dict):
             raise ConfigError(f"{path}: assignments.{name} must be a table")
+        entries = table.pop("extensions", [])
         rules[name] = _rules(path, f"[assignments.{name}]", table, default)
+        rules[name] = replace(rules[name],
+                              extensions=_extensions(path, name, entries, rules[name]))
     return default, {name: rules.get(name, default) for name in assignments}
 
 
@@ -362,4 +447,12 @@ class ServiceConfig:
         if lti is not None and hub:
             raise ConfigError(f"{course / RULES}: [{LTI_TABLE}]: LTI sign-in is for the "
                               "standalone service, not serve --jupyterhub")
+        if not hub and lti is None:  # (a hub's or an LMS's learners are not listed here)
+            learners = {p.id for p in people.values() if not p.instructor}
+            for name, rule in rules.items():
+                for extension in rule.extensions:
+                    if extension.learner not in learners:
+                        raise ConfigError(
+                            f"{course / RULES}: [[assignments.{name}.extensions]]: "
+                            f"{extension.learner!r} is not a learner of {ROSTER}")
         return cls(course=course, people=people, rules=rules, instructors_group=group, lti=lti)

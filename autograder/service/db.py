@@ -130,12 +130,23 @@ CREATE TABLE IF NOT EXISTS lti_scores (
     sent REAL
 );
 CREATE INDEX IF NOT EXISTS lti_scores_due ON lti_scores (state, next_try);
+CREATE TABLE IF NOT EXISTS extensions (
+    person TEXT NOT NULL,                 -- a learner's own deadline and/or uploads an hour
+    assignment TEXT NOT NULL,             -- for one assignment, granted on the instructor
+    deadline REAL,                        -- page (NULL: the assignment's)
+    attempts_per_hour INTEGER,            -- (NULL: the assignment's)
+    granted_by TEXT NOT NULL,             -- the instructor who granted it
+    granted REAL NOT NULL,
+    PRIMARY KEY (person, assignment)
+);
 """
 
 # The schema's versions: 1, the first service (no version stored); 2, random ids in URLs
 # (``key``; stored, as 0, only by that column); 3, ``phases``, the version stored;
 # 4, ``sessions`` (a browser's sign-in, apart from the person's token); 5, ``tests``;
 # 6, the speed leaderboard (``speeds``, ``board_names``); 7, LTI (``lti_*``).
+# (A new table alone needs no version: every open creates the tables it lacks, and an
+# earlier service ignores it; so ``extensions`` came without one.)
 SCHEMA_VERSION = 7
 
 
@@ -533,6 +544,31 @@ class Store:
         if rule == "best":
             return max(done, key=lambda r: (r.counted_score or 0.0, r.attempt))
         return max(done, key=lambda r: r.attempt)
+
+    # extensions granted on the instructor page
+
+    def grant_extension(self, person: str, assignment: str, deadline: Optional[float],
+                        attempts_per_hour: Optional[int], granted_by: str) -> None:
+        """``person``'s extension of ``assignment`` is this one now (replacing theirs)."""
+        with self._write() as db:
+            db.execute("INSERT OR REPLACE INTO extensions (person, assignment, deadline, "
+                       "attempts_per_hour, granted_by, granted) VALUES (?, ?, ?, ?, ?, ?)",
+                       (person, assignment, deadline, attempts_per_hour, granted_by,
+                        time.time()))
+
+    def withdraw_extension(self, person: str, assignment: str) -> bool:
+        with self._write() as db:
+            return db.execute("DELETE FROM extensions WHERE person = ? AND assignment = ?",
+                              (person, assignment)).rowcount == 1
+
+    def extensions(self, person: Optional[str] = None) -> List[tuple]:
+        """(person, assignment, deadline, attempts_per_hour, granted_by, granted) of each
+        extension granted (of ``person`` only, if given), by person and assignment."""
+        where, args = ("WHERE person = ?", (person,)) if person is not None else ("", ())
+        with self._db() as db:
+            return db.execute("SELECT person, assignment, deadline, attempts_per_hour, "
+                              f"granted_by, granted FROM extensions {where} ORDER BY person, "
+                              "assignment", args).fetchall()
 
     # the speed leaderboard
 

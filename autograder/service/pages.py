@@ -1,5 +1,11 @@
 """The submission service's pages: Tornado handlers, and the HTML they render.
 
+The JSON API (what ``python -m autograder submit`` asks) is :mod:`.api`: handlers of their
+own, over the same functions of the service, at the ``.json`` addresses and, for a POST of
+``/submit``, ``/leaderboard`` or ``/instructor/regrade``, wherever the request asks for
+JSON (:class:`JsonRequests`). An error answers as the request asks, from either kind
+(:meth:`Base.refuse`).
+
 The pages are Tornado templates in ``templates/`` (one base layout with the shared
 ``<head>``, the style and the title; one file per page), autoescaped: every value put in a
 page is escaped, so a learner's file name, notebook output or message can never become
@@ -24,6 +30,7 @@ import time
 from pathlib import Path
 from typing import NamedTuple, Optional
 
+import tornado.routing
 import tornado.template
 import tornado.web
 from tornado import httputil
@@ -31,9 +38,9 @@ from tornado.escape import url_escape
 from tornado.ioloop import IOLoop
 
 from autograder.layout import MAX_NOTEBOOK_BYTES, too_big
-from autograder.options import SERVICE_FORM_OVERHEAD, SERVICE_LONG_POLL, SERVICE_REFRESH
-from autograder.service.auth import Refused, bearer
-from autograder.service.board import NAME_MAX, NameRefused, display_name
+from autograder.options import SERVICE_FORM_OVERHEAD, SERVICE_REFRESH
+from autograder.service.auth import Refused, bearer, bearer_of
+from autograder.service.board import NAME_MAX, NameRefused, change_name
 from autograder.service import similarity
 from autograder.service.db import DONE, GRADING, QUEUED, Row, when
 from autograder.feedback import mark as test_mark, test_points
@@ -77,6 +84,21 @@ def sentence(message: str) -> str:
     """``message`` as a sentence on a page: its first word capitalised when it is an ordinary
     word (a message may begin with the learner's file name, which stays as it is)."""
     return message[:1].upper() + message[1:] if re.match(r"[a-z]+ ", message) else message
+
+
+def wants_json(request: httputil.HTTPServerRequest) -> bool:
+    """Whether a request is a program's (``submit``: a Bearer token, or an Accept header
+    that names JSON) rather than a browser's."""
+    return bearer_of(request) is not None or \
+        "application/json" in request.headers.get("Accept", "")
+
+
+class JsonRequests(tornado.routing.PathMatches):
+    """A route's requests at ``path`` that :func:`wants_json` (the API's, at an address
+    the pages share)."""
+
+    def match(self, request: httputil.HTTPServerRequest) -> Optional[dict]:
+        return super().match(request) if wants_json(request) else None
 
 
 class Base(tornado.web.RequestHandler):
@@ -140,8 +162,7 @@ class Base(tornado.web.RequestHandler):
         self.refuse(401, signin.how_to_sign_in)
 
     def wants_json(self) -> bool:
-        return bearer(self) is not None or "application/json" in \
-            self.request.headers.get("Accept", "")
+        return wants_json(self.request)
 
     def refuse(self, code: int, message: str) -> None:
         self.set_status(code)
@@ -161,6 +182,13 @@ class Base(tornado.web.RequestHandler):
             self.finish({"error": reason})
         else:
             self.page("error.html", status_code=status_code, reason=reason)
+
+    def known_assignment(self, assignment: str) -> bool:
+        """Whether the course has ``assignment`` (else the request is refused, 404)."""
+        if assignment in self.service.sources:
+            return True
+        self.refuse(404, "No such assignment.")
+        return False
 
     def upload(self, submission_id: str):
         """The upload with this id, if the person may see it (else the request is refused)."""
@@ -216,24 +244,25 @@ class Home(Base):
     def get(self) -> None:
         service = self.service
         rows = service.store.rows("WHERE student = ? ORDER BY id DESC", (self.person.id,))
+        mine = service.extensions(self.person.id)  # this learner's only: no one else's
+        rules = [(name, mine.get((self.person.id, name)), service.config.rules[name])
+                 for name in service.assignments]
         self.page("home.html", assignments=service.assignments,
-                  rules=[(name, service.config.rules[name]) for name in service.assignments],
+                  rules=[(name, course.extended(extension), extension, course)
+                         for name, extension, course in rules],
                   attempts=list(zip(range(len(rows), 0, -1), rows)),
                   boards=[name for name in service.assignments if service.speed_tests.get(name)])
 
 
 class Leaderboard(Base):
-    """``/leaderboard/ASSIGNMENT`` (and ``.json``): the assignment's speed leaderboard, the
-    same for everyone: only those who opted in, under their display names. The page holds
-    the form to join it, change one's name, or leave it."""
+    """``/leaderboard/ASSIGNMENT``: the assignment's speed leaderboard, the same for
+    everyone: only those who opted in, under their display names (its ``.json`` is
+    :class:`.api.Leaderboard`). The page holds the form to join it, change one's name, or
+    leave it. ``_json`` is always None, as it was here."""
 
-    def get(self, assignment: str, suffix: Optional[str]) -> None:
-        if assignment not in self.service.sources:
-            return self.refuse(404, "No such assignment.")
-        data = self.service.leaderboard(assignment, self.person)
-        if suffix == ".json":
-            return self.finish(data)
-        self.board_page(data)
+    def get(self, assignment: str, _json: Optional[str] = None) -> None:
+        if self.known_assignment(assignment):
+            self.board_page(self.service.leaderboard(assignment, self.person))
 
     def board_page(self, data: dict, message: str = "", typed: Optional[str] = None) -> None:
         self.page("leaderboard.html", data=data, message=message,
@@ -243,31 +272,25 @@ class Leaderboard(Base):
 
 class BoardName(Base):
     """``POST /leaderboard``: join the leaderboard as ``display_name``, change it, or leave
-    (``action=leave``). A browser's form carries its XSRF token (checked before this runs);
-    ``submit``'s Bearer requests may post too. Back to the assignment's board (303)."""
+    (``action=leave``). A browser's form carries its XSRF token (checked before this runs).
+    Back to the assignment's board (303); a name refused: the board again, saying why.
+    (A program's POST is :class:`.api.BoardName`'s.)"""
 
     def post(self) -> None:
         service = self.service
         assignment = self.get_body_argument("assignment", "")
-        action = self.get_body_argument("action", "join")
         typed = self.get_body_argument("display_name", "")
         try:
-            if action == "leave":
-                service.store.leave_board(self.person.id)
-            elif action == "join":
-                service.store.join_board(self.person.id, display_name(typed))
-            else:
-                return self.refuse(400, f"no such action {action!r}: join or leave")
+            change_name(service.store, self.person.id,
+                        self.get_body_argument("action", "join"), typed)
         except NameRefused as why:
             self.set_status(400)
-            if self.wants_json() or assignment not in service.sources:
+            if assignment not in service.sources:
                 return self.refuse(400, str(why))
             return self.board_page(service.leaderboard(assignment, self.person),
                                    message=sentence(str(why)), typed=typed)
-        if self.wants_json():
-            names = service.store.board_names()
-            return self.finish({"joined": self.person.id in names,
-                                "display_name": names.get(self.person.id)})
+        except ValueError as why:
+            return self.refuse(400, str(why))
         self.redirect(self.url(f"leaderboard/{url_escape(assignment, plus=False)}"
                                if assignment in service.sources else ""), status=303)
 
@@ -290,12 +313,14 @@ def read_form(spool, content_type: str):
 
 @tornado.web.stream_request_body
 class Submit(Base):
-    """``POST /submit``. The body is read only from someone signed in (``prepare`` asks
-    first, and Tornado has checked the XSRF token of a browser's form), up to the upload
-    limit, into a file of its own; a body declared larger is refused at once (before it is
-    sent, for a client that asks ``Expect: 100-continue``, as ``submit`` does; other clients
-    send it and it is dropped, so they still read why). The form is parsed and the notebook
-    checked in the service's upload threads, never on the event loop."""
+    """``POST /submit`` from a browser's form: to the upload's page (303); a program's is
+    :class:`.api.Submit`, the same but for its answer (:meth:`accepted`). The body is read
+    only from someone signed in (``prepare`` asks first, and Tornado has checked the XSRF
+    token of a browser's form), up to the upload limit, into a file of its own; a body
+    declared larger is refused at once (before it is sent, for a client that asks
+    ``Expect: 100-continue``, as ``submit`` does; other clients send it and it is dropped,
+    so they still read why). The form is parsed and the notebook checked in the service's
+    upload threads, never on the event loop."""
 
     spool = None
     refusal = None
@@ -385,11 +410,10 @@ class Submit(Base):
             return self.refuse(code, message)
         except (sqlite3.Error, OSError) as error:  # nothing was acknowledged
             return self.refuse(503, _unavailable(error))
-        if self.wants_json():
-            self.set_status(201)
-            return self.finish({"id": row.key, "attempt": row.attempt,
-                                "assignment": row.assignment,
-                                "url": self.url(f"submissions/{row.key}")})
+        self.accepted(row)
+
+    def accepted(self, row: Row) -> None:
+        """The answer once ``row`` is stored and queued."""
         self.redirect(self.url(f"submissions/{row.key}"), status=303)
 
 
@@ -415,24 +439,14 @@ class Health(tornado.web.RequestHandler):
 
 
 class Feedback(Base):
-    async def get(self, submission_id: str, suffix: Optional[str]) -> None:
+    """``/submissions/ID``: the upload's place in the queue, then its feedback (its
+    ``.json`` is :class:`.api.Feedback`; ``_json`` is always None, as it was here)."""
+
+    def get(self, submission_id: str, _json: Optional[str] = None) -> None:
         row = self.upload(submission_id)
         if row is None:
             return
-        if suffix == ".json" and row.state != DONE:
-            # ?wait=S: answer when the upload changes state (claimed, graded), not before
-            # S seconds (a long poll: `submit` learns its grade at once, without polling)
-            try:
-                hold = min(float(self.get_query_argument("wait", "0")), SERVICE_LONG_POLL)
-            except ValueError:
-                hold = 0.0
-            if hold > 0:
-                await self.service.next_change(row.id, hold)
-                row = self.service.store.get(row.id)
-        data = self.service.feedback(row)
-        if suffix == ".json":
-            return self.finish(data)
-        self.page("feedback.html", row=row, data=data,
+        self.page("feedback.html", row=row, data=self.service.feedback(row),
                   refresh=SERVICE_REFRESH if row.state != DONE else None)
 
 
@@ -481,7 +495,34 @@ class Instructor(Base):
                            for a, n in columns],
                   matrix=matrix, queue=queue, every=list(reversed(rows)),
                   lms=service.store.scores_outbox()[:100] if service.lti is not None else None,
+                  extensions=sorted(service.extensions().items()),
+                  learners=service.learners(), rules=service.config.rules,
                   refresh=SERVICE_REFRESH if queue else None)
+
+
+class Extensions(Base):
+    """``POST /instructor/extensions``: grant a learner an extension of one assignment (a
+    later deadline and/or more uploads an hour), replacing the one they had, or withdraw
+    the one granted here (``action=withdraw``). Back to the instructor page (303)."""
+    instructors_only = True
+
+    def post(self) -> None:
+        learner = self.get_body_argument("learner", "").strip()
+        assignment = self.get_body_argument("assignment", "")
+        action = self.get_body_argument("action", "grant")
+        if action == "withdraw":
+            self.service.store.withdraw_extension(learner, assignment)
+        elif action == "grant":
+            try:
+                self.service.grant_extension(
+                    self.person, learner, assignment, self.get_body_argument("deadline", ""),
+                    self.get_body_argument("attempts_per_hour", ""))
+            except ValueError as error:  # UploadRefused: (message, HTTP code)
+                message, code = error.args
+                return self.refuse(code, sentence(message))
+        else:
+            return self.refuse(400, f"no such action {action!r}: grant or withdraw")
+        self.redirect(self.url("instructor"), status=303)
 
 
 class GradesCsv(Base):
@@ -497,9 +538,7 @@ class Regrade(Base):
     instructors_only = True
 
     def post(self) -> None:
-        count = self.service.regrade_all()
-        if self.wants_json():
-            return self.finish({"queued": count})
+        self.service.regrade_all()
         self.redirect(self.url("instructor"), status=303)
 
 
@@ -534,14 +573,18 @@ class NotFound(Base):
 
 
 def routes(prefix: str = "/"):
-    """The pages, under ``prefix`` (``/``, or a hub service's ``/services/NAME/``)."""
+    """The JSON API's routes (first: they share some addresses with pages), then the
+    pages', under ``prefix`` (``/``, or a hub service's ``/services/NAME/``)."""
+    from autograder.service import api
     at = re.escape(prefix)
-    return [(at, Home), (at + r"signin", SignIn), (at + r"signout", SignOut),
-            (at + r"submit", Submit), (at + r"submissions/([\w-]+?)(\.json)?", Feedback),
+    return api.routes(at) + [
+            (at, Home), (at + r"signin", SignIn), (at + r"signout", SignOut),
+            (at + r"submit", Submit), (at + r"submissions/([\w-]+)", Feedback),
             (at + r"submissions/([\w-]+)/notebook", Notebook),
             (at + r"instructor", Instructor), (at + r"instructor/grades\.csv", GradesCsv),
             (at + r"instructor/regrade", Regrade), (at + r"leaderboard", BoardName),
+            (at + r"instructor/extensions", Extensions),
             (at + r"instructor/similarity/([^/]+)", Similarity),
-            (at + r"leaderboard/([^/]+?)(\.json)?", Leaderboard)]
+            (at + r"leaderboard/([^/]+)", Leaderboard)]
 
 
