@@ -28,9 +28,12 @@ from datetime import datetime
 import urllib.request
 from pathlib import Path
 
-import jwt
 import nbformat
 import pytest
+
+# Where the course's requirements are not all installed (the GPU kit's machine), skip.
+jwt = pytest.importorskip("jwt")
+pytest.importorskip("lti1p3platform")
 
 from autograder.commands.submit import multipart
 from autograder.service.config import ConfigError, read_lti
