@@ -12,7 +12,6 @@ import html
 import json
 import re
 import threading
-import time
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable, Dict, List, Optional
@@ -287,13 +286,3 @@ class Roster(NamesRoleProvisioningService):
                     "roles": [TEACHER_ROLE if role == "instructor" else LEARNER_ROLE]}
                    for user, role in sorted(self.platform.users.items())]
         return {"content": members, "has_next": False}
-
-
-def wait_for(condition, timeout: float = 60.0, what: str = "the condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")

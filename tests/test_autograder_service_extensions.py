@@ -30,6 +30,7 @@ from autograder.service.db import Store
 from coursebook.service_process import issue_tokens, sign_in
 from tests.autograder_fixtures.submissions import COURSE, answered
 from tests.test_autograder_service import ROSTER, Server, feedback, graded, request, upload
+from tests.test_autograder_service_leaderboard import send as post_form
 
 NOW = datetime.now(timezone.utc).replace(microsecond=0)
 PAST, FUTURE = NOW - timedelta(hours=1), NOW + timedelta(days=3)
@@ -162,16 +163,6 @@ def browser_of(server, token):
 
 def xsrf_of(page: str) -> str:
     return html.unescape(re.search(r'name="_xsrf" value="([^"]+)"', page).group(1))
-
-
-def post_form(opener, url: str, fields: dict):
-    """(status, final address, text) of a browser's form POST (redirects followed)."""
-    body = urllib.parse.urlencode(fields).encode()
-    try:
-        with opener.open(urllib.request.Request(url, data=body), timeout=60) as page:
-            return page.status, page.url, page.read().decode()
-    except urllib.error.HTTPError as error:
-        return error.code, url, error.read().decode()
 
 
 def home_of(server, token) -> str:

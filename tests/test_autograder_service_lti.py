@@ -40,8 +40,8 @@ from autograder.service.config import ConfigError, read_lti
 from autograder.service.db import Store
 from autograder.service.lti import STATE_COOKIE, Tool, next_link, person_id
 from tests.autograder_fixtures.submissions import COURSE, answered
-from tests.lti_platform import DEPLOYMENT, ISSUER, Lms, new_key_pem, public_pem, wait_for
-from tests.test_autograder_service import ROSTER, Server, autograder
+from tests.lti_platform import DEPLOYMENT, ISSUER, Lms, new_key_pem, public_pem
+from tests.test_autograder_service import ROSTER, Server, autograder, until
 from tests.test_autograder_service_signin import Browser
 
 USERS = {"u-alan": "learner", "u-grace": "learner", "u-mary": "learner", "u-ada": "instructor"}
@@ -162,14 +162,14 @@ def test_a_learner_launched_from_the_lms_hands_in_and_the_score_arrives_after_th
     assert launch(again, lms, "u-alan", "link:demo")[0] == 303 and again.who() == alan
 
     feedback = hand_in(browser, answered(squares=HALF), "demo")
-    wait_for(lambda: "Download the executed notebook" in browser.get(feedback)[2], 120,
+    until(lambda: "Download the executed notebook" in browser.get(feedback)[2], 120,
              "the grade")
-    wait_for(lambda: any(row[5] >= 2 for row in outbox(server)), 30, "two failed posts")
+    until(lambda: any(row[5] >= 2 for row in outbox(server)), 30, "two failed posts")
     assert lms.scores["demo"] == {} and lms.refused_posts >= 2
     # a post that failed drops its token (it may have been revoked): a fresh one each try
     assert lms.tokens_issued >= lms.refused_posts
     lms.down = False
-    score = wait_for(lambda: lms.scores["demo"].get("u-alan"), 30, "the score in the LMS")
+    score = until(lambda: lms.scores["demo"].get("u-alan"), 30, "the score in the LMS")
     assert (score["scoreGiven"], score["scoreMaximum"]) == (5, 8), score
     assert (score["activityProgress"], score["gradingProgress"]) == ("Completed",
                                                                     "FullyGraded")
@@ -259,7 +259,7 @@ def test_an_assignment_closed_for_syncing_sends_no_score(lms_service):
     browser = Browser(server.url)
     assert launch(browser, lms, "u-grace", "link:frozen")[0] == 303
     feedback = hand_in(browser, answered(), "frozen")
-    wait_for(lambda: "Download the executed notebook" in browser.get(feedback)[2], 120,
+    until(lambda: "Download the executed notebook" in browser.get(feedback)[2], 120,
              "the grade")
     time.sleep(1.0)  # the outbox's wake-up and a try would have happened by now
     assert lms.scores["frozen"] == {}
