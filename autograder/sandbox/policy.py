@@ -9,6 +9,7 @@ arithmetic only.
 """
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from pathlib import Path
@@ -172,11 +173,16 @@ def compiler_programs(path: Optional[str] = None) -> Tuple[str, ...]:
     environment has no ``CC``) and finds ``libcuda`` with ``/sbin/ldconfig -p``; PyTorch's
     compiler uses the C++ one. Found here, in the grader, on the ``PATH`` kernels get and
     without importing Triton (its import reads settings the notebook chooses). Nothing else
-    may be started: the kernel's audit hook allows only these, and only to a library."""
+    may be started: the kernel's audit hook allows only these, and only to a library.
+    Looked for once per ``PATH`` in a grader process, not once per submission."""
+    return _compiler_programs(os.environ.get("PATH", os.defpath) if path is None else path)
+
+
+@functools.lru_cache(maxsize=None)
+def _compiler_programs(path: str) -> Tuple[str, ...]:
     import importlib.util
     import shutil
 
-    path = os.environ.get("PATH", os.defpath) if path is None else path
     found = [program for program in (shutil.which(name, path=path) for name in
                                      ("gcc", "clang", "cc", "g++", "clang++", "c++"))
              if program]
