@@ -88,7 +88,8 @@ SIMILARITY_PAIRS = 30           # the most alike pairs shown, with their matchin
 class ServiceLimits:
     """What the submission service lets one connection, one upload and one learner use.
 
-    Sizes in bytes, times in seconds. ``serve`` has a flag for each (guide/service.md); the defaults suit a course of some hundreds of learners."""
+    Sizes in bytes, times in seconds. ``serve`` has a flag for each (guide/service.md);
+    the defaults suit a course of some hundreds of learners."""
     max_connections: int = 1000     # connections at once (also bounded by the open-files
     #                                 limit, less the reserve); past it, the oldest one still
     #                                 sending its headers is closed, or the new one gets 503

@@ -549,8 +549,8 @@ class Similarity(Base):
     instructors_only = True
 
     async def get(self, assignment: str) -> None:
-        if assignment not in self.service.sources:
-            return self.refuse(404, "No such assignment.")
+        if not self.known_assignment(assignment):
+            return
         report = await IOLoop.current().run_in_executor(
             None, similarity.of_uploads, self.service, assignment)
         self.page("similarity.html", report=report, percent=similarity.percent,
